@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Image-loading benchmark: our PooledLoader against its peers, in one run.
+
+    python scripts/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
+                                   [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
+
+Every loader (see scripts/peers.py: ours, torch_pil, webdataset, dali, dali_fused, ffcv_jpg,
+ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW batches
+over the same ImageFolder.  Each runs in its own fresh Python process (so one library's threads,
+JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and then `epochs` timed
+ones; its figure is the median images/s of the timed epochs.  With --rounds R the whole comparison
+is repeated R times (loaders interleaved, so slow drift in machine load spreads over all of them)
+and the figure is the median over the R per-round medians.  A loader whose library is missing is
+listed as unavailable with the reason; the others still run.
+
+The table's "x ours" column is this loader's images/s divided by ours from the same round
+(median over rounds); "ceiling" rows are an upper bound, not a loader.  Load averages before and
+after each loader are recorded in the JSON, as the machine may be shared.
+
+Make a dataset first: python scripts/make_dataset.py data/imagenet2k --n 2000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import peers  # noqa: E402
+
+ORDER = ["ours", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg", "ffcv_raw",
+         "ceiling", "ceiling_dct"]
+
+
+def run_one(name: str, a) -> dict:
+    cmd = [sys.executable, os.path.join(HERE, "peers.py"), name, "--data", a.data,
+           "--batch", str(a.batch), "--workers", str(a.workers), "--epochs", str(a.epochs),
+           "--warmup", str(a.warmup)]
+    rec = {"name": name, "loadavg_before": os.getloadavg(), "started": time.time()}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, rc = f"timed out after {a.timeout}s", None
+    rec["wall_s"] = round(time.perf_counter() - t0, 2)
+    rec["loadavg_after"] = os.getloadavg()
+    result = None
+    for line in out.splitlines():
+        if line.startswith("PEER_RESULT "):
+            result = json.loads(line[len("PEER_RESULT "):])
+    if result is None:
+        tail = "\n".join((err or "").strip().splitlines()[-6:])
+        rec.update(status="failed", error=f"exit {rc}: {tail}")
+    else:
+        rec.update({k: v for k, v in result.items() if k != "name"})
+        if rec.get("rates"):
+            rec["median"] = statistics.median(rec["rates"])
+    return rec
+
+
+def _fmt(x, nd=0):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="ImageFolder of JPEGs")
+    ap.add_argument("--epochs", type=int, default=3, help="timed epochs per loader (>= 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed epochs first")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the whole comparison")
+    ap.add_argument("--only", default="", help="comma-separated loader names")
+    ap.add_argument("--skip", default="", help="comma-separated loader names to leave out")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per loader run")
+    ap.add_argument("--json", default=None, help="write the results here")
+    a = ap.parse_args(argv)
+    a.data = os.path.abspath(a.data)
+    names = [n.strip() for n in a.only.split(",") if n.strip()] or list(ORDER)
+    skip = {n.strip() for n in a.skip.split(",") if n.strip()}
+    bad = [n for n in names if n not in peers.PEERS]
+    if bad:
+        ap.error(f"unknown loader(s) {bad}; known: {', '.join(ORDER)}")
+    names = [n for n in names if n not in skip]
+    n_images = len(peers.list_images(a.data)[0])
+    print(f"# {n_images} images in {a.data}; batch {a.batch}, {a.workers} workers; "
+          f"{a.warmup} warm-up + {a.epochs} timed epochs; {a.rounds} round(s); "
+          f"{peers.usable_cores()} usable cores; load {os.getloadavg()[0]:.2f}", flush=True)
+
+    runs = []
+    for r in range(a.rounds):
+        for name in names:
+            rec = run_one(name, a)
+            rec["round"] = r
+            runs.append(rec)
+            if rec["status"] == "ok":
+                rates = ", ".join(f"{x:.0f}" for x in rec["rates"])
+                print(f"  round {r} {name:12s} {rec['median']:8.0f} images/s  [{rates}]  "
+                      f"load {rec['loadavg_before'][0]:.2f}->{rec['loadavg_after'][0]:.2f}",
+                      flush=True)
+            else:
+                print(f"  round {r} {name:12s} {rec['status']}: "
+                      f"{rec.get('error', '').splitlines()[-1] if rec.get('error') else ''}",
+                      flush=True)
+
+    summary = {}
+    for name in names:
+        mine = [x for x in runs if x["name"] == name]
+        ok = [x for x in mine if x["status"] == "ok"]
+        s = {"status": "ok" if ok else mine[-1]["status"],
+             "per_round": [x.get("median") for x in mine]}
+        if ok:
+            s["median"] = statistics.median(x["median"] for x in ok)
+            s["all_epochs"] = [v for x in ok for v in x["rates"]]
+        else:
+            s["error"] = mine[-1].get("error")
+        # ratio to ours within each round, then the median of those
+        ratios = []
+        for x in ok:
+            o = [y for y in runs if y["name"] == "ours" and y["round"] == x["round"]
+                 and y["status"] == "ok"]
+            if o:
+                ratios.append(x["median"] / o[0]["median"])
+        s["x_ours"] = statistics.median(ratios) if ratios else None
+        summary[name] = s
+
+    print()
+    print(f"| loader | images/s | x ours | per round |")
+    print(f"| --- | ---: | ---: | --- |")
+    for name in names:
+        s = summary[name]
+        if s["status"] == "ok":
+            pr = ", ".join(_fmt(v) for v in s["per_round"])
+            print(f"| {name} | {_fmt(s['median'])} | {_fmt(s['x_ours'], 2)} | {pr} |")
+        else:
+            err = (s.get("error") or "").strip().splitlines()
+            print(f"| {name} | {s['status']} | - | {err[-1][:110] if err else ''} |")
+    print()
+
+    if a.json:
+        doc = {"config": {"data": a.data, "images": n_images, "batch": a.batch,
+                          "workers": a.workers, "epochs": a.epochs, "warmup": a.warmup,
+                          "rounds": a.rounds, "size": peers.SIZE},
+               "host": {"usable_cores": peers.usable_cores(), "cpu_count": os.cpu_count(),
+                        "python": platform.python_version(), "platform": platform.platform(),
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+               "summary": summary, "runs": runs}
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
