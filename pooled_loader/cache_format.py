@@ -1,0 +1,252 @@
+"""On-disk format of a ``pooled_loader.cache`` file, and the sample layout it stores.
+
+One file holds every sample of a dataset (``count`` indices x ``variants`` outputs each)::
+
+    offset 0      preamble (64 bytes, little-endian)
+                    magic    8s   b"PLCACHE\\0"
+                    version  u32  FORMAT_VERSION
+                    state    u32  0 = still being built, 1 = complete
+                    hdr_off  u64  offset of the JSON header (0 while building)
+                    hdr_len  u64  its length in bytes
+                    hdr_crc  u32  crc32 of the JSON header bytes
+                    pre_crc  u32  crc32 of the 36 bytes above
+    4096          data: one record per (index, variant) and variable-size leaf, each at a
+                  64-byte aligned offset, in the order the build finished them
+    ...           trailer: the index arrays (64-byte aligned, raw little-endian), then the
+                  JSON header that names them: {"arrays": {name: {offset, dtype, shape}}, ...}
+
+The trailer is written last, so a build appends records without knowing their sizes in advance
+and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layout:
+
+- array/str/bytes leaves: ``leaf{j}.offset`` u64 and ``leaf{j}.nbytes`` u64 of shape
+  ``(count, variants)``, ``leaf{j}.shape`` i64 ``(count, variants, ndim)`` (each record keeps its
+  own shape), ``leaf{j}.crc`` u32 ``(count, variants)`` (crc32 of the record's bytes);
+- scalar leaves (int, float, bool, numpy scalars): ``leaf{j}.value`` ``(count, variants)``;
+- ``None`` leaves store nothing.
+
+The layout (JSON) is the tree of the first sample: ``{"t": "tuple"|"list", "items": [...]}``,
+``{"t": "dict", "keys": [...], "items": [...]}`` or a leaf ``{"t": "leaf", "kind": ..., "id": j,
+"dtype": ..., "ndim": ...}`` with kind one of ``array``, ``tensor``, ``str``, ``bytes``, ``int``,
+``float``, ``bool``, ``npscalar``, ``none``. PIL images are stored as HWC uint8 ``array`` leaves.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"PLCACHE\x00"
+FORMAT_VERSION = 1
+PREAMBLE = struct.Struct("<8sIIQQII")  # 40 bytes, padded to PREAMBLE_SIZE
+PREAMBLE_SIZE = 64
+DATA_START = 4096
+ALIGN = 64
+STATE_BUILDING, STATE_COMPLETE = 0, 1
+
+VAR_KINDS = ("array", "tensor", "str", "bytes")
+SCALAR_KINDS = {"int": "<i8", "float": "<f8", "bool": "|b1"}
+
+
+class CacheError(Exception):
+    """A cache file cannot be used; the message names the file, the problem and the remedy."""
+
+
+class CacheFormatError(CacheError):
+    """Not a cache file, another format version, a truncated file or a corrupted header/record."""
+
+
+class CacheIncompleteError(CacheError):
+    """The cache was never finished: only an unfinished ``.partial`` build exists."""
+
+
+class CacheMismatchError(CacheError):
+    """The cache was built from another dataset or transform than the one it is used with."""
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``a``."""
+    return (n + a - 1) // a * a
+
+
+def pack_preamble(state: int, hdr_off: int = 0, hdr_len: int = 0, hdr_crc: int = 0) -> bytes:
+    """The 64-byte preamble."""
+    head = PREAMBLE.pack(MAGIC, FORMAT_VERSION, state, hdr_off, hdr_len, hdr_crc, 0)[:-4]
+    return (head + struct.pack("<I", zlib.crc32(head))).ljust(PREAMBLE_SIZE, b"\x00")
+
+
+@dataclass
+class Preamble:
+    version: int
+    state: int
+    hdr_off: int
+    hdr_len: int
+    hdr_crc: int
+
+
+def unpack_preamble(raw: bytes, path: str) -> Preamble:
+    """Parse and check a preamble; raise CacheFormatError naming ``path`` when it is not one."""
+    rebuild = "rebuild it with build_cache() / `python -m pooled_loader cache build`"
+    if len(raw) < PREAMBLE.size or raw[:8] != MAGIC:
+        raise CacheFormatError(f"{path}: not a pooled_loader cache file (bad magic); {rebuild}")
+    magic, version, state, off, length, hcrc, pcrc = PREAMBLE.unpack(raw[:PREAMBLE.size])
+    if version != FORMAT_VERSION:
+        raise CacheFormatError(
+            f"{path}: cache format version {version}, this pooled_loader reads version "
+            f"{FORMAT_VERSION}; {rebuild} (or use the pooled_loader that wrote it)")
+    if zlib.crc32(raw[:PREAMBLE.size - 4]) != pcrc:
+        raise CacheFormatError(f"{path}: corrupted preamble (checksum mismatch); {rebuild}")
+    return Preamble(version, state, off, length, hcrc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample layout: tree of leaves
+
+
+def infer_layout(sample: Any) -> tuple[dict, list[dict]]:
+    """Layout tree of ``sample`` and its leaves in flattening order."""
+    leaves: list[dict] = []
+
+    def walk(x: Any) -> dict:
+        if isinstance(x, (tuple, list)):
+            return {"t": "tuple" if isinstance(x, tuple) else "list",
+                    "items": [walk(v) for v in x]}
+        if isinstance(x, dict):
+            keys = list(x)
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError(f"only str dict keys can be cached, got {keys!r}")
+            return {"t": "dict", "keys": keys, "items": [walk(x[k]) for k in keys]}
+        leaf = {"t": "leaf", "id": len(leaves), **_leaf_kind(x)}
+        leaves.append(leaf)
+        return leaf
+
+    return walk(sample), leaves
+
+
+def _leaf_kind(x: Any) -> dict:
+    if x is None:
+        return {"kind": "none"}
+    if isinstance(x, bool):
+        return {"kind": "bool", "dtype": SCALAR_KINDS["bool"]}
+    if isinstance(x, int):
+        return {"kind": "int", "dtype": SCALAR_KINDS["int"]}
+    if isinstance(x, float):
+        return {"kind": "float", "dtype": SCALAR_KINDS["float"]}
+    if isinstance(x, np.generic):
+        return {"kind": "npscalar", "dtype": x.dtype.newbyteorder("<").str}
+    if isinstance(x, str):
+        return {"kind": "str", "dtype": "|u1", "ndim": 1}
+    if isinstance(x, (bytes, bytearray)):
+        return {"kind": "bytes", "dtype": "|u1", "ndim": 1}
+    kind = "tensor" if _is_tensor(x) else "array"
+    a = leaf_to_array(x, {"kind": kind})
+    if a.dtype.hasobject:
+        raise TypeError(f"cannot cache an object array leaf ({type(x).__name__})")
+    return {"kind": kind, "dtype": a.dtype.newbyteorder("<").str if a.dtype.byteorder != "|"
+            else a.dtype.str, "ndim": a.ndim}
+
+
+def _is_tensor(x: Any) -> bool:
+    t = type(x)
+    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+
+
+def leaf_to_array(x: Any, leaf: dict) -> np.ndarray:
+    """The C-contiguous numpy array stored for a variable-size leaf value."""
+    kind = leaf["kind"]
+    if kind == "str":
+        return np.frombuffer(x.encode("utf-8"), np.uint8)
+    if kind == "bytes":
+        return np.frombuffer(bytes(x), np.uint8)
+    if kind == "tensor":
+        x = x.detach().cpu().numpy()
+    a = np.ascontiguousarray(np.asarray(x))  # PIL images convert to HWC uint8 here
+    if "dtype" in leaf and a.dtype.str != leaf["dtype"]:
+        a = a.astype(leaf["dtype"])  # only byte order can differ once the layout matched
+    return a
+
+
+def flatten(sample: Any, tree: dict, where: str = "sample") -> list:
+    """Leaf values of ``sample`` in layout order; TypeError when it does not fit ``tree``."""
+    out: list = []
+
+    def walk(x: Any, node: dict, at: str) -> None:
+        t = node["t"]
+        if t in ("tuple", "list"):
+            if not isinstance(x, (tuple, list)) or len(x) != len(node["items"]):
+                raise TypeError(f"{at}: expected a {t} of {len(node['items'])}, got {_desc(x)}")
+            for i, (v, n) in enumerate(zip(x, node["items"])):
+                walk(v, n, f"{at}[{i}]")
+        elif t == "dict":
+            if not isinstance(x, dict) or list(x) != node["keys"]:
+                raise TypeError(f"{at}: expected a dict with keys {node['keys']}, got {_desc(x)}")
+            for k, n in zip(node["keys"], node["items"]):
+                walk(x[k], n, f"{at}[{k!r}]")
+        else:
+            got = _leaf_kind(x)
+            if got["kind"] != node["kind"] or got.get("dtype") != node.get("dtype") \
+                    or got.get("ndim") != node.get("ndim"):
+                raise TypeError(f"{at}: expected {_leaf_desc(node)}, got {_leaf_desc(got)}")
+            out.append(x)
+
+    walk(sample, tree, where)
+    return out
+
+
+def _desc(x: Any) -> str:
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    if isinstance(x, dict):
+        return f"a dict with keys {list(x)}"
+    return type(x).__name__
+
+
+def _leaf_desc(leaf: dict) -> str:
+    s = leaf["kind"]
+    if "ndim" in leaf and leaf["kind"] in ("array", "tensor"):
+        s += f" ndim={leaf['ndim']}"
+    if "dtype" in leaf:
+        s += f" dtype={leaf['dtype']}"
+    return s
+
+
+def make_unflatten(tree: dict):
+    """A fast function ``values -> sample`` rebuilding the tree from leaf values."""
+    t = tree["t"]
+    if t == "leaf":
+        j = tree["id"]
+        return lambda v: v[j]
+    subs = [make_unflatten(n) for n in tree["items"]]
+    if t == "tuple":
+        return lambda v: tuple(f(v) for f in subs)
+    if t == "list":
+        return lambda v: [f(v) for f in subs]
+    keys = tree["keys"]
+    return lambda v: {k: f(v) for k, f in zip(keys, subs)}
+
+
+def out_leaves(out: Any, tree: dict) -> list:
+    """Leaves of a ``getitem_into`` ``out`` tree in layout order (``None`` where it has none)."""
+    res: list = []
+
+    def walk(x: Any, node: dict) -> None:
+        if node["t"] == "leaf":
+            res.append(x if isinstance(x, np.ndarray) else None)
+        elif node["t"] == "dict":
+            for k, n in zip(node["keys"], node["items"]):
+                walk(x.get(k) if isinstance(x, dict) else None, n)
+        else:
+            items = x if isinstance(x, (tuple, list)) else ()
+            for i, n in enumerate(node["items"]):
+                walk(items[i] if i < len(items) else None, n)
+
+    walk(out, tree)
+    return res
+
+
+def header_bytes(header: dict) -> bytes:
+    """Canonical JSON encoding of a header."""
+    return json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
