@@ -146,17 +146,23 @@ static void precompute(double in0, double in1, Py_ssize_t in_size, Py_ssize_t ou
         bounds[2 * j] = (int)(xmin + lo);
         bounds[2 * j + 1] = (int)(hi - lo);
         if (wi) {
+            /* expanded layout for pmaddwd: per group of 4 taps 16 int16,
+             * (w0,w1)x4 then (w2,w3)x4; wstride = 4 * (taps rounded up to 4) */
             int16_t *wj = wi + j * (Py_ssize_t)wstride;
             int32_t sum = 0;
             Py_ssize_t big = 0;
+            int32_t *q = (int32_t *)(k + ksize); /* k has room for 2*ksize doubles */
             for (Py_ssize_t x = lo; x < hi; x++) {
-                int32_t q = (int32_t)floor(k[x] / ww * (1 << QBITS) + 0.5);
-                wj[x - lo] = (int16_t)q;
-                sum += q;
+                q[x - lo] = (int32_t)floor(k[x] / ww * (1 << QBITS) + 0.5);
+                sum += q[x - lo];
                 if (k[x] > k[big + lo]) big = x - lo;
             }
-            wj[big] = (int16_t)(wj[big] + ((1 << QBITS) - sum)); /* sum exactly 1.0 */
-            for (Py_ssize_t x = hi - lo; x < wstride; x++) wj[x] = 0;
+            q[big] += (1 << QBITS) - sum; /* weights sum to exactly 1.0 */
+            for (Py_ssize_t t = 0; t < wstride / 4; t++) {
+                int16_t w = (int16_t)(t < hi - lo ? q[t] : 0);
+                int16_t *g = wj + (t / 4) * 16 + ((t % 4) / 2) * 8 + (t % 2);
+                g[0] = g[2] = g[4] = g[6] = w;
+            }
         } else {
             float *wj = wf + j * (Py_ssize_t)wstride;
             for (Py_ssize_t x = lo; x < hi; x++) wj[x - lo] = (float)(k[x] / ww) * fscale;
@@ -169,10 +175,18 @@ static void precompute(double in0, double in1, Py_ssize_t in_size, Py_ssize_t ou
 /* pixel loops                                                                                 */
 
 /* One source row (HWC, pixel stride 3, `width` pixels) -> 3 planes of ow floats in dst.
- * Integer arithmetic: Q14 int16 weights, exact int32 sums (<= 255 * 2^14), stored as float (exact;
- * the vertical weights carry the 2^-14).  xw has kx2 (even) int16 weights per entry, zero-padded. */
+ * Integer arithmetic: Q14 int16 weights (expanded layout, see precompute), exact int32 sums
+ * (<= 255 * 2^14), stored as float (exact; the vertical weights carry the 2^-14).
+ * Three versions, picked once at import: AVX2 (4 taps per vpshufb/vpmaddwd), SSSE3 (2 taps per
+ * pshufb/pmaddwd) and SSE2 (x86-64 baseline); a portable scalar one elsewhere.  All give the
+ * same integers.  The wide loads of the SIMD versions read up to 16 bytes from the first pixel
+ * of a group, so entries near the row's end take the SSE2 route, which never reads past the
+ * row. */
+typedef void (*hpass_fn)(const uint8_t *restrict, Py_ssize_t, Py_ssize_t, const int *restrict,
+                         const int16_t *restrict, int, float *restrict);
+
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 static inline __m128i load_px4(const uint8_t *p) { /* reads 4 bytes: RGB + next byte */
     int32_t v;
     memcpy(&v, p, 4);
@@ -182,65 +196,150 @@ static inline __m128i load_px3(const uint8_t *p) { /* reads exactly 3 bytes */
     return _mm_cvtsi32_si128((int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16));
 }
 
-PL_HOT static void hpass_row(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
-                             const int *restrict xb, const int16_t *restrict xw, int kx2,
-                             float *restrict dst) {
-    float *restrict d0 = dst, *restrict d1 = dst + ow, *restrict d2 = dst + 2 * ow;
+/* one output pixel, SSE2; never reads beyond pixel x0+n-1 of the row */
+static inline __m128i hpass_px_sse2(const uint8_t *p, int n, int last_safe, const int16_t *k) {
     const __m128i zero = _mm_setzero_si128();
+    __m128i acc = zero;
+    int t = 0;
+    for (; t < n; t += 2) {
+        const int16_t *g = k + (t / 4) * 16 + ((t % 4) / 2) * 8; /* (w_t, w_t+1) x4 */
+        __m128i a, b;
+        if (t + 2 < n || (t + 2 == n && last_safe)) {
+            a = load_px4(p + 3 * t);
+            b = load_px4(p + 3 * t + 3);
+        } else if (t + 2 == n) {
+            a = load_px4(p + 3 * t);
+            b = load_px3(p + 3 * t + 3);
+        } else {
+            a = last_safe ? load_px4(p + 3 * t) : load_px3(p + 3 * t);
+            b = zero;
+        }
+        a = _mm_unpacklo_epi8(a, zero);
+        b = _mm_unpacklo_epi8(b, zero);
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi16(a, b),
+                                                _mm_loadu_si128((const __m128i *)g)));
+    }
+    return acc;
+}
+
+static inline void store_px(float *d0, float *d1, float *d2, Py_ssize_t j, __m128i acc) {
+    __m128 f = _mm_cvtepi32_ps(acc);
+    _mm_store_ss(d0 + j, f);
+    _mm_store_ss(d1 + j, _mm_shuffle_ps(f, f, 1));
+    _mm_store_ss(d2 + j, _mm_shuffle_ps(f, f, 2));
+}
+
+static void hpass_row_sse2(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
+                           const int *restrict xb, const int16_t *restrict xw, int wstride,
+                           float *restrict dst) {
+    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
     for (Py_ssize_t j = 0; j < ow; j++) {
         const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        const int16_t *restrict k = xw + j * (Py_ssize_t)kx2;
-        const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
-        /* only the entry's last tap may sit on the row's last pixel (no 4th byte to read) */
-        const int last_safe = x0 + n < width;
-        __m128i acc = zero;
-        int t = 0;
-        for (; t + 2 < n; t += 2) {
-            __m128i a = _mm_unpacklo_epi8(load_px4(p + 3 * t), zero);
-            __m128i b = _mm_unpacklo_epi8(load_px4(p + 3 * t + 3), zero);
-            int32_t wp;
-            memcpy(&wp, k + t, 4);
-            acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi16(a, b), _mm_set1_epi32(wp)));
-        }
-        if (t + 2 == n) {
-            __m128i a = _mm_unpacklo_epi8(load_px4(p + 3 * t), zero);
-            __m128i b = _mm_unpacklo_epi8(last_safe ? load_px4(p + 3 * t + 3) : load_px3(p + 3 * t + 3), zero);
-            int32_t wp;
-            memcpy(&wp, k + t, 4);
-            acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi16(a, b), _mm_set1_epi32(wp)));
-        } else if (t + 1 == n) {
-            __m128i a = _mm_unpacklo_epi8(last_safe ? load_px4(p + 3 * t) : load_px3(p + 3 * t), zero);
-            acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi16(a, zero),
-                                                    _mm_set1_epi32((int32_t)(uint16_t)k[t])));
-        }
-        __m128 f = _mm_cvtepi32_ps(acc);
-        _mm_store_ss(d0 + j, f);
-        _mm_store_ss(d1 + j, _mm_shuffle_ps(f, f, 1));
-        _mm_store_ss(d2 + j, _mm_shuffle_ps(f, f, 2));
+        store_px(d0, d1, d2, j,
+                 hpass_px_sse2(srow + 3 * (Py_ssize_t)x0, n, x0 + n < width,
+                               xw + j * (Py_ssize_t)wstride));
     }
 }
+
+/* byte shuffles: pixels t..t+3 (12 bytes) -> int16 (r_t, r_t+1, g_t, g_t+1, b_t, b_t+1, 0, 0) */
+#define Z -1
+
+__attribute__((target("ssse3"))) static void hpass_row_ssse3(
+    const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
+    const int16_t *restrict xw, int wstride, float *restrict dst) {
+    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
+    const __m128i m01 = _mm_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z);
+    const __m128i m23 = _mm_setr_epi8(6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
+    for (Py_ssize_t j = 0; j < ow; j++) {
+        const int x0 = xb[2 * j], n = xb[2 * j + 1];
+        const int16_t *k = xw + j * (Py_ssize_t)wstride;
+        const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
+        const int groups = (n + 3) >> 2;
+        __m128i acc;
+        if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
+            acc = _mm_setzero_si128();
+            for (int g = 0; g < groups; g++) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(p + 12 * g));
+                const __m128i *w = (const __m128i *)(k + 16 * g);
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m01), _mm_loadu_si128(w)));
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m23), _mm_loadu_si128(w + 1)));
+            }
+        } else {
+            acc = hpass_px_sse2(p, n, x0 + n < width, k);
+        }
+        store_px(d0, d1, d2, j, acc);
+    }
+}
+
+__attribute__((target("avx2"))) static void hpass_row_avx2(
+    const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
+    const int16_t *restrict xw, int wstride, float *restrict dst) {
+    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
+    const __m256i m = _mm256_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z,
+                                       6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
+    for (Py_ssize_t j = 0; j < ow; j++) {
+        const int x0 = xb[2 * j], n = xb[2 * j + 1];
+        const int16_t *k = xw + j * (Py_ssize_t)wstride;
+        const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
+        const int groups = (n + 3) >> 2;
+        __m128i acc;
+        if (x0 + 4 * (groups - 1) + 6 <= width) {
+            __m256i a = _mm256_setzero_si256();
+            for (int g = 0; g < groups; g++) {
+                __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 12 * g)));
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(v, m),
+                                                          _mm256_loadu_si256((const __m256i *)(k + 16 * g))));
+            }
+            acc = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        } else {
+            acc = hpass_px_sse2(p, n, x0 + n < width, k);
+        }
+        store_px(d0, d1, d2, j, acc);
+    }
+}
+#undef Z
+
+static hpass_fn pick_hpass(void) {
+    __builtin_cpu_init();
+    if (getenv("POOLED_LOADER_KERNEL_ISA")) { /* testing: force "sse2" / "ssse3" */
+        const char *isa = getenv("POOLED_LOADER_KERNEL_ISA");
+        if (!strcmp(isa, "sse2")) return hpass_row_sse2;
+        if (!strcmp(isa, "ssse3") && __builtin_cpu_supports("ssse3")) return hpass_row_ssse3;
+    }
+    if (__builtin_cpu_supports("avx2")) return hpass_row_avx2;
+    if (__builtin_cpu_supports("ssse3")) return hpass_row_ssse3;
+    return hpass_row_sse2;
+}
+static const char *hpass_name(hpass_fn f) {
+    return f == hpass_row_avx2 ? "avx2" : f == hpass_row_ssse3 ? "ssse3" : "sse2";
+}
 #else
-static void hpass_row(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
-                      const int *restrict xb, const int16_t *restrict xw, int kx2,
-                      float *restrict dst) {
+static void hpass_row_c(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
+                        const int *restrict xb, const int16_t *restrict xw, int wstride,
+                        float *restrict dst) {
     float *restrict d0 = dst, *restrict d1 = dst + ow, *restrict d2 = dst + 2 * ow;
     (void)width;
     for (Py_ssize_t j = 0; j < ow; j++) {
         const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        const int16_t *restrict k = xw + j * (Py_ssize_t)kx2;
+        const int16_t *restrict k = xw + j * (Py_ssize_t)wstride;
         const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
         int32_t a0 = 0, a1 = 0, a2 = 0;
         for (int t = 0; t < n; t++) {
-            a0 += (int32_t)p[3 * t] * k[t];
-            a1 += (int32_t)p[3 * t + 1] * k[t];
-            a2 += (int32_t)p[3 * t + 2] * k[t];
+            const int32_t w = k[(t / 4) * 16 + ((t % 4) / 2) * 8 + (t % 2)];
+            a0 += (int32_t)p[3 * t] * w;
+            a1 += (int32_t)p[3 * t + 1] * w;
+            a2 += (int32_t)p[3 * t + 2] * w;
         }
         d0[j] = (float)a0;
         d1[j] = (float)a1;
         d2[j] = (float)a2;
     }
 }
+static hpass_fn pick_hpass(void) { return hpass_row_c; }
+static const char *hpass_name(hpass_fn f) { (void)f; return "c"; }
 #endif
+
+static hpass_fn hpass_row = NULL; /* set at module init */
 
 /* Float variant for very wide filters (downscale > ~30x), where Q14 weights lose precision. */
 static void hpass_row_f32(const uint8_t *restrict srow, Py_ssize_t ow, const int *restrict xb,
@@ -389,6 +488,10 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         is_float = 0;
     } else if (is_format(&ob, 'f') && ob.itemsize == 4) {
         is_float = 1;
+        if (((uintptr_t)ob.buf) % sizeof(float)) {
+            PyErr_SetString(PyExc_ValueError, "float32 out must be aligned (4-byte address)");
+            goto done;
+        }
     } else {
         PyErr_SetString(PyExc_TypeError, "out must be uint8 or float32");
         goto done;
@@ -432,7 +535,8 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
 
     /* ---- scratch layout ---- */
     const int kx = ksize_for((double)bw, ow), ky = ksize_for((double)bh, oh);
-    const int kx2 = (kx + 1) & ~1; /* int16 weight pairs for pmaddwd */
+    const int kx2 = (kx + 1) & ~1;
+    const int kx4 = (kx + 3) & ~3; /* int16 weights: groups of 4 taps, 16 int16 per group */
     /* Q14 int16 weights: per-weight error <= 2^-15, so <= 0.5 level over 64 taps; wider filters
      * (downscale beyond ~30x) take the float path */
     const int use_int = kx2 <= 64;
@@ -440,13 +544,13 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     const Py_ssize_t rowlen = 3 * ow;
 #define ALIGN64(n) ((((size_t)(n)) + 63) & ~(size_t)63)
     const size_t sz_xb = ALIGN64(sizeof(int) * 2 * (size_t)ow);
-    const size_t sz_xw = ALIGN64(sizeof(float) * (size_t)ow * (size_t)kx2);
+    const size_t sz_xw = ALIGN64(sizeof(float) * (size_t)ow * (size_t)(4 * kx4));
     const size_t sz_yb = ALIGN64(sizeof(int) * 2 * (size_t)oh);
     const size_t sz_yw = ALIGN64(sizeof(float) * (size_t)oh * (size_t)ky);
     const size_t sz_ring = ALIGN64(sizeof(float) * (size_t)rowlen * (size_t)ky);
     const size_t sz_acc = ALIGN64(sizeof(float) * (size_t)rowlen);
     const size_t sz_ptrs = ALIGN64(sizeof(float *) * (size_t)ky);
-    const size_t sz_k = ALIGN64(sizeof(double) * (size_t)(kx > ky ? kx : ky));
+    const size_t sz_k = ALIGN64(sizeof(double) * 2 * (size_t)(kx > ky ? kx : ky));
     const size_t total = sz_xb + sz_xw + sz_yb + sz_yw + sz_ring + sz_acc + sz_ptrs + sz_k;
     unsigned char *base = scratch_get(total);
     if (!base) {
@@ -473,7 +577,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
 
     Py_BEGIN_ALLOW_THREADS;
     if (use_int)
-        precompute((double)bx, (double)(bx + bw), W, ow, kx, kx2, flip, xb, NULL, 0.f, xw, ktmp);
+        precompute((double)bx, (double)(bx + bw), W, ow, kx, 4 * kx4, flip, xb, NULL, 0.f, xw, ktmp);
     else
         precompute((double)bx, (double)(bx + bw), W, ow, kx, kx2, flip, xb, xwf, 1.0f, NULL, ktmp);
     precompute((double)by, (double)(by + bh), H, oh, ky, ky, 0, yb, yw,
@@ -487,7 +591,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         for (; next_row < r0 + n; next_row++) {
             float *dst = ring + (next_row % ky) * rowlen;
             if (use_int)
-                hpass_row(sbase + next_row * sstride, W, ow, xb, xw, kx2, dst);
+                hpass_row(sbase + next_row * sstride, W, ow, xb, xw, 4 * kx4, dst);
             else
                 hpass_row_f32(sbase + next_row * sstride, ow, xb, xwf, kx2, dst);
         }
@@ -522,4 +626,12 @@ static struct PyModuleDef moduledef = {
     "Compiled kernels of pooled_loader.vision (see pooled_loader.vision.kernels).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&moduledef); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    hpass_row = pick_hpass();
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m && PyModule_AddStringConstant(m, "ISA", hpass_name(hpass_row)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

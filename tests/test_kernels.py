@@ -366,6 +366,9 @@ def _bad_calls():
         ("out list", (src, (0, 0, 5, 5), [[[0]]]), TypeError, "numpy array"),
         ("out empty", (src, (0, 0, 5, 5), np.empty((3, 0, 8), np.uint8)), ValueError,
          "oh, ow >= 1"),
+        ("out unaligned", (src, (0, 0, 5, 5),
+                           np.frombuffer(bytearray(3 * 8 * 8 * 4 + 1), np.uint8)[1:].view(
+                               np.float32).reshape(3, 8, 8)), ValueError, "aligned"),
         ("float without mean", (src, (0, 0, 5, 5), np.empty((3, 8, 8), np.float32)), ValueError,
          "requires mean and std"),
         ("overlap", (np.zeros((3, 8, 8), np.uint8).reshape(8, 8, 3)[:],
@@ -435,3 +438,29 @@ def test_big_downscale_and_tiny_outputs():
         K.crop_resize_flip_chw_c(big, (0, 0, 3000, 2000), out, True)
         mean, mx = diff(out, pil_ref(big, (0, 0, 3000, 2000), osize[0], osize[1], True))
         assert mx <= 1, (osize, mean, mx)
+
+
+@needs_ext
+def test_isa_variants_identical():
+    """The AVX2 / SSSE3 / SSE2 horizontal passes (POOLED_LOADER_KERNEL_ISA forces one) give
+    bit-identical results."""
+    code = ("import sys, hashlib, numpy as np; sys.path.insert(0, 'tests');"
+            "from test_kernels import SRC, CASES, rrc_boxes;"
+            "from pooled_loader.vision import _kernels as E;"
+            "h = hashlib.sha256();"
+            "jobs = [(b, o, f) for b, o in CASES for f in (0, 1)] + "
+            "[(b, (224, 224), f) for b, f in rrc_boxes(375, 500, 30, 7)];"
+            "[(h.update(E.crop_resize_flip_chw(SRC, *b, np.empty((3,) + o, np.uint8), f)))"
+            " for b, o, f in jobs];"
+            "print(E.ISA, h.hexdigest())")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digests = {}
+    for isa in ("", "ssse3", "sse2"):
+        env = dict(os.environ, POOLED_LOADER_KERNEL_ISA=isa)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        name, digest = res.stdout.split()
+        digests[name] = digest
+    assert len(set(digests.values())) == 1, digests

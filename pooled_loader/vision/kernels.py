@@ -109,6 +109,8 @@ def _check(src, box, out, mean, std):
         raise ValueError("out must be C-contiguous")
     if not o.flags.writeable:
         raise ValueError("out must be writable")
+    if not o.flags.aligned:
+        raise ValueError("out must be aligned (float32 at a 4-byte address)")
     try:
         if len(box) != 4:
             raise ValueError(f"box must be (x0, y0, w, h), got {box!r}")
@@ -141,6 +143,16 @@ def crop_resize_flip_chw_c(src, box, out, flip=False, mean=None, std=None):
     if _kernels is None:
         raise RuntimeError("pooled_loader.vision._kernels is not available (not built, or "
                            "POOLED_LOADER_NO_EXT=1)")
+    # Fast path: the extension checks everything itself (buffer formats, shapes, strides, box,
+    # mean/std, overlap), so well-formed calls skip the Python checks.  When it refuses, the
+    # Python checks run to give the canonical error (and to convert e.g. a tensor `out` or a
+    # scalar mean/std), then the call is retried once with the normalized arguments.
+    try:
+        x0, y0, w, h = box
+        _kernels.crop_resize_flip_chw(src, x0, y0, w, h, out, flip, mean, std)
+        return out
+    except (TypeError, ValueError, BufferError):
+        pass
     s, o, (x0, y0, w, h), m3, s3 = _check(src, box, out, mean, std)
     _kernels.crop_resize_flip_chw(s, x0, y0, w, h, o, bool(flip), m3, s3)
     return out
