@@ -28,7 +28,7 @@ import numpy as np
 
 # Colour photographs first; grey ones are tinted into colour.  Loaded lazily, once per process.
 _COLOUR = ["astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
-           "immunohistochemistry", "retina", "stereo_motorcycle", "colorwheel"]
+           "immunohistochemistry", "retina", "stereo_motorcycle"]
 _GREY = ["camera", "moon", "coins", "brick", "grass", "gravel", "clock"]
 _SOURCES: list[np.ndarray] | None = None
 

@@ -155,12 +155,26 @@ def pil_load(path_or_file):
         return im.convert("RGB")
 
 
-def _nimages(batch) -> int:
-    if isinstance(batch, (list, tuple)):
+def _images(batch):
+    """The image tensor of a batch: (images, labels), [{"images": ...}] (DALI) or an array."""
+    while isinstance(batch, (list, tuple)):
         batch = batch[0]
     if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    return int(batch.shape[0])
+        batch = batch["images"] if "images" in batch else next(iter(batch.values()))
+    return batch
+
+
+def _nimages(batch) -> int:
+    return int(_images(batch).shape[0])
+
+
+def check_batch(batch) -> None:
+    """Every loader must hand out uint8 CHW 224x224 images; fail loudly if one does not."""
+    x = _images(batch)
+    shape, dtype = tuple(x.shape[1:]), str(x.dtype)
+    if shape != (3, SIZE, SIZE) or "uint8" not in dtype:
+        raise RuntimeError(f"batch images are {dtype} {tuple(x.shape)}, "
+                           f"expected uint8 (N, 3, {SIZE}, {SIZE})")
 
 
 def time_epochs(iterate: Callable[[], Iterable], epochs: int, warmup: int,
@@ -171,6 +185,8 @@ def time_epochs(iterate: Callable[[], Iterable], epochs: int, warmup: int,
         n = 0
         t0 = time.perf_counter()
         for batch in iterate():
+            if e == 0 and n == 0:
+                check_batch(batch)
             n += count(batch)
         dt = time.perf_counter() - t0
         if expect is not None and n != expect:
@@ -307,8 +323,7 @@ def _run_dali(data_dir, batch, workers, epochs, warmup, fused) -> list[float]:
                              last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
     n = len(list_images(data_dir)[0])
     try:
-        return time_epochs(lambda: it, epochs, warmup,
-                           count=lambda b: int(b[0]["images"].shape[0]), expect=n)
+        return time_epochs(lambda: it, epochs, warmup, expect=n)
     finally:
         del it, p
 
