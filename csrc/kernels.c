@@ -615,7 +615,31 @@ done:
     return ret;
 }
 
+static PyObject *set_isa(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    hpass_fn f = NULL;
+#if defined(__SSE2__)
+    if (!strcmp(name, "sse2")) f = hpass_row_sse2;
+    else if (!strcmp(name, "ssse3") && __builtin_cpu_supports("ssse3")) f = hpass_row_ssse3;
+    else if (!strcmp(name, "avx2") && __builtin_cpu_supports("avx2")) f = hpass_row_avx2;
+#else
+    if (!strcmp(name, "c")) f = hpass_row_c;
+#endif
+    else if (!strcmp(name, "auto")) f = pick_hpass();
+    if (!f) {
+        PyErr_Format(PyExc_ValueError, "ISA %R not available on this machine/build", arg);
+        return NULL;
+    }
+    const char *prev = hpass_name(hpass_row);
+    hpass_row = f;
+    return PyUnicode_FromString(prev);
+}
+
 static PyMethodDef methods[] = {
+    {"_set_isa", (PyCFunction)set_isa, METH_O,
+     "_set_isa(name) -> previous name: testing/benchmarking only, not thread-safe; name is "
+     "'avx2', 'ssse3', 'sse2' (x86-64) or 'auto'."},
     {"crop_resize_flip_chw", (PyCFunction)(void (*)(void))crop_resize_flip_chw,
      METH_VARARGS | METH_KEYWORDS, crop_resize_flip_chw_doc},
     {NULL, NULL, 0, NULL},
