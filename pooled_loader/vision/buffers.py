@@ -1,0 +1,46 @@
+"""Reusable scratch buffers: grown on demand, never shrunk, counted."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class Scratch:
+    """Named flat byte buffers handed out as typed views.
+
+    ``array(key, shape, dtype)`` returns a view of the buffer named ``key``, allocating (1.5x
+    headroom) only when the request is larger than what the buffer already holds. In steady state
+    nothing is allocated; ``allocations`` counts the real allocations so tests can check that.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[object, np.ndarray] = {}
+        self.allocations = 0
+
+    def flat(self, key: object, nbytes: int) -> np.ndarray:
+        """A writable 1-D uint8 array of exactly ``nbytes`` (a view of the reused buffer)."""
+        buf = self._bufs.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            grow = 0 if buf is None else buf.nbytes + buf.nbytes // 2
+            buf = np.empty(max(nbytes, grow), np.uint8)
+            self._bufs[key] = buf
+            self.allocations += 1
+        return buf[:nbytes]
+
+    def reserve(self, key: object, nbytes: int) -> None:
+        """Make the buffer named ``key`` hold at least ``nbytes`` (exactly that if it grows)."""
+        buf = self._bufs.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            self._bufs[key] = np.empty(nbytes, np.uint8)
+            self.allocations += 1
+
+    def array(self, key: object, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A C-contiguous array of ``shape`` and ``dtype`` in the buffer named ``key``."""
+        dtype = np.dtype(dtype)
+        return self.flat(key, math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all buffers."""
+        return sum(b.nbytes for b in self._bufs.values())

@@ -1,0 +1,231 @@
+"""Compose: run ops through buffers planned once per process, writing the last one into ``out``.
+
+At construction the ops are grouped into stages: a resizing op (``RandomResizedCrop``,
+``Resize``) absorbs the ``RandomHorizontalFlip`` / ``ToCHW`` / ``Normalize`` right after it and
+becomes one ``crop_resize_flip_chw`` call (one pass, no intermediate image). A leading
+``DecodeImage`` followed by a resizing op is fused with it: the box is sampled from the JPEG
+header's size, then the JPEG is decoded at the largest DCT scale (1/2, 1/4, 1/8) that keeps the
+box at least as large as the output. Random parameters are drawn in op order, so fusing does not
+change which crops and flips a seed gives.
+
+Per process, each stage's output spec is computed once per input spec (a small cache) and its
+buffer is a grow-only scratch buffer; the decode buffer is sized for the image's full-size decode
+(up to 64 MiB) whatever scale is used, so once every image has been seen nothing is allocated per
+sample (see ``stats()``). The last stage writes into the caller's ``out`` when shape and dtype match.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import NamedTuple, Sequence
+
+import cv2
+import numpy as np
+
+from pooled_loader.vision.buffers import Scratch
+from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_into,
+                                         read_header)
+from pooled_loader.vision.ops import (Box, Normalize, Op, RandomHorizontalFlip, Resampler, Spec,
+                                      ToCHW, crop_resize_flip_chw, resize_hwc)
+
+_PLAN_CACHE = 32  # input specs remembered per stage
+_RESERVE_MAX = 64 << 20  # decode buffers are pre-sized for a full decode up to this many bytes
+
+
+class _Resample(NamedTuple):
+    """A resizing op plus the flip / CHW / normalize folded into it."""
+
+    op: Resampler
+    flip: RandomHorizontalFlip | None
+    chw: bool
+    norm: Normalize | None
+
+    def spec(self, hw: tuple[int, int], spec: Spec) -> Spec:
+        c = spec.shape[2]
+        if self.norm is not None:
+            self.norm.spec(Spec((c, *hw), spec.dtype, "CHW"))  # validates the channel count
+            return Spec((c, *hw), np.dtype(np.float32), "CHW")
+        if self.chw:
+            return Spec((c, *hw), spec.dtype, "CHW")
+        return Spec((*hw, c), spec.dtype, "HWC")
+
+
+def _stages(ops: Sequence[Op]) -> list:
+    stages: list = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if isinstance(op, DecodeImage) and i > 0:
+            raise ValueError("DecodeImage must be the first op")
+        if not isinstance(op, Resampler):
+            stages.append(op)
+            i += 1
+            continue
+        flip, chw, norm = None, False, None
+        i += 1
+        while i < len(ops):
+            nxt = ops[i]
+            if isinstance(nxt, RandomHorizontalFlip) and flip is None:
+                flip = nxt
+            elif isinstance(nxt, ToCHW) and not chw:
+                chw = True
+            elif isinstance(nxt, Normalize) and chw and norm is None:
+                norm = nxt
+            else:
+                break
+            i += 1
+        stages.append(_Resample(op, flip, chw, norm))
+    return stages
+
+
+def dct_factor(box: Box, out_hw: tuple[int, int]) -> int:
+    """Largest JPEG DCT downscale factor that keeps the box >= out_hw (1 if none does)."""
+    bw, bh = box[2], box[3]
+    for f in reversed(JPEG_SCALES):
+        if bw // f >= out_hw[1] and bh // f >= out_hw[0]:
+            return f
+    return 1
+
+
+def scale_box(box: Box, full_hw: tuple[int, int], img_hw: tuple[int, int]) -> Box:
+    """Map a box on the full-size image onto its downscaled decode (nearest pixel edges)."""
+    sy, sx = img_hw[0] / full_hw[0], img_hw[1] / full_hw[1]
+    x0, y0 = min(round(box[0] * sx), img_hw[1] - 1), min(round(box[1] * sy), img_hw[0] - 1)
+    x1 = min(max(round((box[0] + box[2]) * sx), x0 + 1), img_hw[1])
+    y1 = min(max(round((box[1] + box[3]) * sy), y0 + 1), img_hw[0])
+    return x0, y0, x1 - x0, y1 - y0
+
+
+class Compose:
+    """Chain ops; ``compose(x, out=None)`` returns the result, written into ``out`` if it fits.
+
+    ``x`` is encoded image bytes when the first op is :class:`DecodeImage`, else an HWC array.
+    Without ``out`` (or with one of another shape/dtype) the result is a new array.
+    """
+
+    def __init__(self, ops: Sequence[Op]) -> None:
+        self.ops = list(ops)
+        for op in self.ops:
+            if not isinstance(op, Op):
+                raise TypeError(f"Compose takes pooled_loader.vision ops, got {op!r}")
+        self._decode = bool(self.ops) and isinstance(self.ops[0], DecodeImage)
+        self._stages = _stages(self.ops[1:] if self._decode else self.ops)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self.scratch = Scratch()
+        self._plans: OrderedDict[tuple, Spec] = OrderedDict()
+        self.plans_made = 0
+        self.dct_scaled = 0  # samples decoded with a DCT downscale (a counter for tests/benches)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for k in ("scratch", "_plans", "_pid"):
+            state.pop(k)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def stats(self) -> dict:
+        """Counters: buffer allocations, bytes held, plans computed, DCT-scaled decodes."""
+        return {"allocations": self.scratch.allocations, "scratch_bytes": self.scratch.nbytes,
+                "plans_made": self.plans_made, "dct_scaled": self.dct_scaled}
+
+    # -- planning
+
+    def _plan(self, k: int, spec: Spec, hw: tuple[int, int] | None = None) -> Spec:
+        """Stage k's output spec for input ``spec`` (and resize target ``hw``), cached."""
+        st = self._stages[k]
+        # a resize's output depends on the target size and channels, not on the input's size
+        key = (k, spec.shape[2:], spec.dtype, spec.layout, hw) if hw else (k, spec)
+        out = self._plans.get(key)
+        if out is None:
+            out = st.spec(hw, spec) if isinstance(st, _Resample) else st.spec(spec)
+            self._plans[key] = out
+            self.plans_made += 1
+            if len(self._plans) > _PLAN_CACHE * max(1, len(self._stages)):
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return out
+
+    def _dst(self, k: int, spec: Spec, out: np.ndarray | None, last: bool) -> np.ndarray:
+        if not last:
+            return self.scratch.array(k, spec.shape, spec.dtype)
+        if (out is not None and out.shape == spec.shape and out.dtype == spec.dtype
+                and out.flags.c_contiguous and out.flags.writeable):
+            return out
+        return np.empty(spec.shape, spec.dtype)  # the caller's own result: not scratch
+
+    # -- running
+
+    def __call__(self, x: Buffer | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if os.getpid() != self._pid:  # a forked worker: its own buffers
+            self._reset()
+        first_box = None
+        if self._decode:
+            hdr = read_header(x)
+            full = (hdr.height, hdr.width)
+            if self._stages and isinstance(self._stages[0], _Resample):
+                first_box = self._stages[0].op.sample(*full)
+                factor = dct_factor(*first_box) if hdr.jpeg else 1
+                # size the buffer for this image's full decode, so that once every image has
+                # been seen, whichever scale a later crop picks, nothing is allocated again
+                self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
+                img = decode_into(x, hdr, lambda n: self.scratch.flat("decode", n), factor)
+                if img.shape[:2] != full:
+                    self.dct_scaled += 1
+                    first_box = (scale_box(first_box[0], full, img.shape[:2]), first_box[1])
+            else:
+                spec = Spec((*full, 3), np.dtype(np.uint8), "HWC")
+                dst = self._dst(-1, spec, out, not self._stages)
+                flat = dst.reshape(-1)
+                img = decode_into(x, hdr, lambda n: flat)
+        else:
+            img = np.asarray(x)
+            if img.ndim == 2:
+                img = img[:, :, None]
+        return self._run(img, first_box, out)
+
+    def _run(self, cur: np.ndarray, first_box, out: np.ndarray | None) -> np.ndarray:
+        spec = Spec(cur.shape, cur.dtype, "HWC")
+        n = len(self._stages)
+        for k, st in enumerate(self._stages):
+            last = k == n - 1
+            if isinstance(st, _Resample):
+                if spec.layout != "HWC":
+                    raise ValueError(f"{st.op!r} expects an HWC image, got {spec.layout}")
+                box, hw = first_box if k == 0 and first_box else st.op.sample(*cur.shape[:2])
+                flip = st.flip.draw() if st.flip is not None else False
+                nspec = self._plan(k, spec, hw)
+                dst = self._dst(k, nspec, out, last)
+                if st.chw:
+                    if cur.dtype != np.uint8 or not (cur.strides[2] == 1 and cur.strides[1] == 3):
+                        cur = np.ascontiguousarray(cur, np.uint8)
+                    norm = st.norm
+                    crop_resize_flip_chw(cur, box, dst, flip, norm and norm.mean,
+                                         norm and norm.std)
+                else:
+                    resize_hwc(cur, box, dst)
+                    if flip:
+                        cv2.flip(dst, 1, dst=dst)
+            else:
+                params = st.draw(spec)
+                nspec = self._plan(k, spec)
+                dst = self._dst(k, nspec, out, last)
+                st.apply(cur, dst, params, spec)
+            cur, spec = dst, nspec
+        if cur is out:
+            return out
+        if out is not None and out.shape == cur.shape and out.dtype == cur.dtype:
+            np.copyto(out, cur)  # out fits but is not C-contiguous: copy into it
+            return out
+        if n == 0 and not self._decode:
+            return cur.copy()  # never hand the caller's input back as the result
+        return cur
+
+    def __repr__(self) -> str:
+        return "Compose([" + ", ".join(repr(op) for op in self.ops) + "])"
