@@ -56,7 +56,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander, url_opener
+from webdataset.gopen import gopen
+from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
 
 from .distributed import rank_and_world
 from .errors import SampleError
@@ -101,7 +102,11 @@ def _is_local_tar(url: str) -> bool:
 
 def _wds_samples(url: str) -> Iterator[Sample]:
     """The samples of one shard, read and grouped by ``webdataset`` (errors propagate)."""
-    return group_by_keys(tar_file_expander(url_opener([{"url": url}])))
+    stream = gopen(url)
+    try:
+        yield from group_by_keys(tar_file_expander([{"url": url, "stream": stream}]))
+    finally:
+        stream.close()
 
 
 def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:

@@ -1,0 +1,19 @@
+"""pooled_loader: a drop-in torch DataLoader whose data path allocates nothing in steady state."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch.utils.data
+
+from .errors import SampleError, WorkerError
+from .loader import PooledLoader
+from .pool import SlotPool
+
+__all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "get_worker_info"]
+__version__ = "0.1.0"
+
+
+def get_worker_info() -> Any:
+    """Inside a worker: its id, num_workers, seed and dataset copy (torch's answer is the same);
+    None in the main process."""
+    return torch.utils.data.get_worker_info()

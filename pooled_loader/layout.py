@@ -1,0 +1,182 @@
+"""Batch layout: how a batch tree (tuples/lists/dicts of arrays, numbers and other objects) is laid
+out in a slot.
+
+A batch is flattened into a *spec* (the container structure, picklable), a list of array *leaves*
+(placed in the slot, each aligned) and a list of *metas* (strings and other small objects that
+travel in the done-message). The main process rebuilds the tree from the spec with zero-copy views
+of the slot.
+"""
+from __future__ import annotations
+
+import collections.abc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+ALIGN = 64
+
+_TORCH_TO_NUMPY = {
+    torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64), torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64), torch.complex128: np.dtype(np.complex128),
+    torch.bfloat16: np.dtype(np.uint16),  # stored bit-exact; viewed back as bfloat16
+    torch.uint16: np.dtype(np.uint16), torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+}
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array of a batch: what the user gets (a torch tensor or an ndarray) and its shape."""
+
+    kind: str  # "tensor" or "ndarray"
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name ("float32") for tensors, numpy dtype str ("<f4") for ndarrays
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The numpy dtype the worker writes with (bit-compatible with the user's dtype)."""
+        if self.kind == "tensor":
+            return _TORCH_TO_NUMPY[getattr(torch, self.dtype)]
+        return np.dtype(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.storage_dtype.itemsize
+
+
+_NUMBER_DTYPES = {bool: "bool", int: "int64", float: "float64"}
+
+
+def leaf_of(value: Any, numbers: bool = False) -> Leaf | None:
+    """The Leaf describing `value` as it is (no batch dimension), or None if it is not an array.
+
+    With `numbers`, Python and numpy scalars count as 0-d tensor leaves (default_collate turns a
+    batch of them into a tensor).
+    """
+    if numbers:
+        if type(value) in _NUMBER_DTYPES:
+            return Leaf("tensor", (), _NUMBER_DTYPES[type(value)])
+        if isinstance(value, np.number) or isinstance(value, np.bool_):
+            torch_dtype = torch.from_numpy(np.asarray(value)).dtype
+            return Leaf("tensor", (), str(torch_dtype).split(".")[1])
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _TORCH_TO_NUMPY or value.is_sparse or value.is_nested:
+            return None
+        return Leaf("tensor", tuple(value.shape), str(value.dtype).split(".")[1])
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return Leaf("ndarray", tuple(value.shape), value.dtype.str)
+    return None
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A numpy view (no copy) of a tensor or array leaf, in its storage dtype."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.device.type != "cpu":
+            value = value.cpu()
+        if value.dtype == torch.bfloat16:
+            value = value.view(torch.int16)
+            return value.numpy().view(np.uint16)
+        return value.numpy()
+    return np.asarray(value)
+
+
+def place(leaves: list[Leaf]) -> tuple[list[int], int]:
+    """Offsets of each leaf in a slot (aligned to ALIGN bytes) and the total bytes needed."""
+    offsets, end = [], 0
+    for leaf in leaves:
+        offsets.append(end)
+        end += (leaf.nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return offsets, end
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees: flatten a sample/batch into (spec, arrays, metas); rebuild it from views.
+# spec nodes: ("leaf", i) | ("meta", i) | ("map", type, keys, children) | ("seq", type, children)
+#             | ("namedtuple", type, children)
+
+
+def flatten(tree: Any, arrays: list, metas: list, numbers: bool = False) -> tuple:
+    """Flatten `tree`; appends array leaves to `arrays` and other objects to `metas`.
+
+    With `numbers`, Python/numpy scalars are array leaves too (see `leaf_of`).
+    """
+    if leaf_of(tree, numbers) is not None:
+        arrays.append(tree)
+        return ("leaf", len(arrays) - 1)
+    if isinstance(tree, collections.abc.Mapping):
+        keys = list(tree.keys())
+        return ("map", type(tree), keys, [flatten(tree[k], arrays, metas, numbers) for k in keys])
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return ("namedtuple", type(tree), [flatten(v, arrays, metas, numbers) for v in tree])
+    if isinstance(tree, (list, tuple)):
+        return ("seq", type(tree), [flatten(v, arrays, metas, numbers) for v in tree])
+    metas.append(tree)
+    return ("meta", len(metas) - 1)
+
+
+def unflatten(spec: tuple, arrays: list, metas: list) -> Any:
+    """Rebuild the tree described by `spec` from its leaves."""
+    tag = spec[0]
+    if tag == "leaf":
+        return arrays[spec[1]]
+    if tag == "meta":
+        return metas[spec[1]]
+    if tag == "map":
+        _, typ, keys, children = spec
+        items = {k: unflatten(c, arrays, metas) for k, c in zip(keys, children)}
+        try:
+            return typ(items)
+        except TypeError:
+            return items
+    if tag == "namedtuple":
+        return spec[1](*[unflatten(c, arrays, metas) for c in spec[2]])
+    _, typ, children = spec
+    values = [unflatten(c, arrays, metas) for c in children]
+    try:
+        return typ(values)
+    except TypeError:
+        return values
+
+
+def collated_spec(spec: tuple) -> tuple:
+    """The spec of default_collate's output for samples of `spec`: tuples become lists."""
+    tag = spec[0]
+    if tag == "map":
+        return ("map", spec[1], spec[2], [collated_spec(c) for c in spec[3]])
+    if tag == "namedtuple":
+        return ("namedtuple", spec[1], [collated_spec(c) for c in spec[2]])
+    if tag == "seq":
+        return ("seq", list if spec[1] is tuple else spec[1], [collated_spec(c) for c in spec[2]])
+    return spec
+
+
+def same_structure(a: tuple, b: tuple) -> bool:
+    """True when two specs have the same containers and keys (leaf numbering aside)."""
+    if a[0] != b[0]:
+        return False
+    if a[0] == "map":
+        return a[2] == b[2] and all(same_structure(x, y) for x, y in zip(a[3], b[3]))
+    if a[0] in ("seq", "namedtuple"):
+        children_a, children_b = a[-1], b[-1]
+        return len(children_a) == len(children_b) and all(
+            same_structure(x, y) for x, y in zip(children_a, children_b))
+    return True
+
+
+def empty_like_tree(spec: tuple, arrays: list, metas_default: Any = None) -> Any:
+    """The `out` tree of the zero-copy protocol: `arrays[i]` at array leaves, None elsewhere."""
+    tag = spec[0]
+    if tag == "leaf":
+        return arrays[spec[1]]
+    if tag == "meta":
+        return metas_default
+    if tag == "map":
+        return {k: empty_like_tree(c, arrays) for k, c in zip(spec[2], spec[3])}
+    children = [empty_like_tree(c, arrays) for c in spec[-1]]
+    return tuple(children) if spec[0] == "namedtuple" or spec[1] is tuple else children

@@ -1,0 +1,594 @@
+"""`PooledLoader`: torch's DataLoader, with batches built by workers straight into recycled
+shared-memory slots.
+
+It subclasses `torch.utils.data.DataLoader`, so construction, argument checks, samplers, `len()`
+and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is ours.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import multiprocessing
+import os
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from .errors import WorkerError
+from .layout import unflatten
+from .pool import ArenaMap, SlotPool, SlotRef
+from .worker import BatchMaker, SampleFailure, WorkerConfig, worker_loop
+
+log = logging.getLogger("pooled_loader")
+
+GROW_WARNING = (
+    "PooledLoader: every slot of the pool is in use ({slots} slots): batches are being kept "
+    "(or not yet freed) by the training loop, so the pool grows. Nothing is overwritten; to size "
+    "the pool up front, pass pool_slots= (num_workers * prefetch_factor + batches you keep).")
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Worker:
+    id: int
+    process: Any
+    conn: Any
+    active: bool = True  # False once an iterable dataset's worker is exhausted
+    outstanding: int = 0
+
+
+def _signal_name(code: int) -> str:
+    import signal
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _describe_exit(worker: _Worker) -> str:
+    code = worker.process.exitcode
+    how = (f"was killed by {_signal_name(code)}" if code is not None and code < 0
+           else f"exited unexpectedly with exit code {code}")
+    return f"PooledLoader worker {worker.id} (pid {worker.process.pid}) {how}"
+
+
+def _shutdown(workers: list[_Worker], lifeline: Any) -> None:
+    """Stop worker processes: ask politely, then terminate, then kill. Never hangs."""
+    for w in workers:
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    try:
+        lifeline.close()
+    except OSError:
+        pass
+    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+    for w in workers:
+        w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        if w.process.is_alive():
+            w.process.terminate()
+            w.process.join(1.0)
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join(1.0)
+        w.conn.close()
+
+
+def _forget_arena_hook(workers: list[_Worker]) -> Callable:
+    """Tell workers to unmap a retired arena (holds the workers, never the iterator)."""
+    def hook(arena: Any) -> None:
+        for w in workers:
+            if w.process.is_alive():
+                try:
+                    w.conn.send(("forget", os.getpid(), arena.id))
+                except (OSError, ValueError):
+                    pass
+    return hook
+
+
+def _reraise(info: tuple, where: str) -> None:
+    """Raise a worker's exception in the main process, with its worker, sample and traceback."""
+    exc_type, message, text, worker_id, index = info
+    sample = "" if index is None else f", sample index {index!r}"
+    full = (f"Caught {exc_type.__name__} in PooledLoader worker {worker_id}{sample} {where}.\n"
+            f"Original {text}")
+    try:
+        exc = exc_type(full)
+    except Exception:  # noqa: BLE001 - a type that cannot be built from one message
+        exc = RuntimeError(full)
+    raise exc from None
+
+
+class LoaderStats:
+    """Where the time goes and what moved, shared by the loader and its iterators."""
+
+    def __init__(self) -> None:
+        self.counters: collections.Counter = collections.Counter()
+        self.worker_busy_s: collections.Counter = collections.Counter()
+        self.started = time.perf_counter()
+        self.skipped_seen: set = set()
+
+    def record_skips(self, skipped: list) -> None:
+        for index, reason in skipped:
+            self.counters["skipped"] += 1
+            if index not in self.skipped_seen:
+                self.skipped_seen.add(index)
+                log.warning("PooledLoader skipped sample %r: %s", index, reason)
+
+
+class PooledLoader(DataLoader):
+    """Drop-in `torch.utils.data.DataLoader` whose workers write batches into recycled slots of
+    one shared-memory pool.
+
+    Extra keyword arguments:
+        pool_slots: slots in the pool (default `num_workers * prefetch_factor + 2`); it grows,
+            with one warning, if the training loop keeps more batches than that.
+        on_error: "raise" (default) or "skip": a map-style sample whose loading raises is replaced
+            by another sample drawn from the dataset (reproducibly from the seed and the index),
+            so batches keep their size; skips are logged once per sample and counted in
+            `stats()["skipped"]`.
+        device: a CUDA device: batches are copied there asynchronously (see `pooled_loader.cuda`).
+        distributed: shard a map-style dataset by rank with DistributedSampler semantics.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable | None = None, multiprocessing_context: Any = None,
+                 generator: torch.Generator | None = None, *, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "",
+                 in_order: bool = True, pool_slots: int | None = None, on_error: str = "raise",
+                 device: Any = None, distributed: bool = False) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if pool_slots is not None and pool_slots < 1:
+            raise ValueError(f"pool_slots must be a positive integer, got {pool_slots}")
+        if distributed:
+            from .distributed import make_distributed_sampler
+            if sampler is not None or batch_sampler is not None:
+                raise ValueError("distributed=True builds its own DistributedSampler; "
+                                 "do not pass sampler or batch_sampler as well")
+            sampler = make_distributed_sampler(dataset, shuffle=bool(shuffle), seed=0,
+                                               drop_last=drop_last)
+            shuffle = None
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                         collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                         multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+                         persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device, in_order=in_order)
+        if not distributed and shuffle:
+            try:
+                from .distributed import warn_if_undistributed
+                warn_if_undistributed(bool(shuffle), self.sampler)
+            except ImportError:
+                pass
+        self.pool_slots = pool_slots
+        self.on_error = on_error
+        self.device = torch.device(device) if device is not None else None
+        self._pool: SlotPool | None = None
+        self._stats = LoaderStats()
+        self._epoch: int | None = None
+
+    # -- public extras --------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the sampler and the dataset (and to persistent workers)."""
+        self._epoch = epoch
+        for target in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler",
+                                                                 None), self.dataset):
+            setter = getattr(target, "set_epoch", None)
+            if callable(setter):
+                setter(epoch)
+
+    def stats(self) -> dict:
+        """Pool statistics and where the time goes (see README, "Statistics")."""
+        pool = self._pool.stats() if self._pool is not None else {}
+        c = self._stats.counters
+        elapsed = time.perf_counter() - self._stats.started
+        busy = dict(self._stats.worker_busy_s)
+        return {
+            **pool,
+            "batches": c["batches"], "samples": c["samples"], "bytes_moved": c["bytes"],
+            "skipped": c["skipped"], "wait_s": c["wait_s"], "consumer_s": c["consumer_s"],
+            "worker_busy_s": busy,
+            "worker_busy_fraction": {w: b / elapsed for w, b in busy.items()} if elapsed else {},
+            "elapsed_s": elapsed,
+        }
+
+    def report(self) -> str:
+        """One paragraph saying whether the loader or the training step is the bottleneck."""
+        s = self.stats()
+        wait_s, consumer_s = s["wait_s"], s["consumer_s"]
+        total = wait_s + consumer_s
+        if not s["batches"] or total <= 0:
+            return "PooledLoader: no batches yet."
+        share = wait_s / total
+        verdict = ("the LOADER is the bottleneck: the training loop waited for data "
+                   f"{share:.0%} of the time; add workers, use a cache, or lighten the transform"
+                   if share > 0.1 else
+                   f"the TRAINING STEP is the bottleneck: it waited for data only {share:.0%} "
+                   "of the time; the loader keeps up")
+        busy = ", ".join(f"worker {w}: {f:.0%}" for w, f in
+                         sorted(s["worker_busy_fraction"].items()))
+        return (f"PooledLoader: {s['batches']} batches, {s['samples']} samples, "
+                f"{s['bytes_moved'] / 1e9:.2f} GB; waited {wait_s:.2f}s, the loop ran "
+                f"{consumer_s:.2f}s: {verdict}. Worker busy: {busy or 'n/a'}. Pool: "
+                f"{s.get('slots')} slots, {s.get('slots_in_use')} in use, grown "
+                f"{s.get('grown')} times; skipped samples: {s['skipped']}.")
+
+    # -- iterator plumbing ---------------------------------------------------------------------
+    def _default_slots(self) -> int:
+        if self.pool_slots is not None:
+            return self.pool_slots
+        return self.num_workers * (self.prefetch_factor or 2) + 2 if self.num_workers else 3
+
+    def _get_pool(self) -> SlotPool:
+        if self._pool is None:
+            self._pool = SlotPool(4096, self._default_slots(), GROW_WARNING)
+            if self.pin_memory and torch.cuda.is_available() or (
+                    self.device is not None and self.device.type == "cuda"):
+                from .cuda import pin_pool
+                pin_pool(self._pool)
+        return self._pool
+
+    def _pooled_collate(self) -> Callable | None:
+        """None when the collate function is torch's default (we then collate into the slot)."""
+        if self.collate_fn is default_collate or self.collate_fn is default_convert:
+            return None
+        return self.collate_fn
+
+    def _get_iterator(self) -> Iterator:
+        if self.num_workers == 0:
+            it: Iterator = _InProcessIter(self)
+        else:
+            self.check_worker_number_rationality()
+            it = _WorkerIter(self)
+        if self.device is not None and self.device.type == "cuda":
+            from .cuda import DeviceIter
+            it = DeviceIter(it, self.device)
+        return it
+
+
+def _base_seed(loader: DataLoader) -> int:
+    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+
+
+class _IterBase:
+    """What both iterators share: turning done-messages into batches, and bookkeeping."""
+
+    def __init__(self, loader: PooledLoader) -> None:
+        self._pool = loader._get_pool()
+        self._stats = loader._stats
+        self._iterable = isinstance(loader.dataset, IterableDataset)
+        self._index_sampler = loader._index_sampler
+        self._len = None
+        try:
+            self._len = len(loader)
+        except TypeError:
+            pass
+        self._last_yield: float | None = None
+        if loader.pin_memory and not torch.cuda.is_available():
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=3)
+
+    def __iter__(self) -> "_IterBase":
+        return self
+
+    def __len__(self) -> int:
+        if self._len is None:
+            raise TypeError("this loader's dataset has no len()")
+        return self._len
+
+    def _build(self, result: tuple) -> Any:
+        ref, spec, leaves, metas, nsamples = result
+        lease = self._pool.lease(ref)
+        base = lease.array()
+        del lease
+        arrays = []
+        nbytes = 0
+        for leaf, off in leaves:
+            raw = base[off:off + leaf.nbytes]
+            nbytes += leaf.nbytes
+            if leaf.kind == "tensor":
+                arrays.append(torch.from_numpy(raw).view(getattr(torch, leaf.dtype))
+                              .view(leaf.shape))
+            else:
+                arrays.append(raw.view(leaf.storage_dtype).reshape(leaf.shape))
+        c = self._stats.counters
+        c["batches"] += 1
+        c["samples"] += nsamples
+        c["bytes"] += nbytes
+        return unflatten(spec, arrays, metas)
+
+    def _mark_wait(self, started: float) -> None:
+        now = time.perf_counter()
+        c = self._stats.counters
+        c["wait_s"] += now - started
+        if self._last_yield is not None:
+            c["consumer_s"] += started - self._last_yield
+        self._last_yield = now
+
+    def _epoch_done(self) -> None:
+        self._pool.mark_warm()
+        self._last_yield = None
+
+
+class _InProcessIter(_IterBase):
+    """num_workers=0: the same data path, run in the main process."""
+
+    def __init__(self, loader: PooledLoader) -> None:
+        super().__init__(loader)
+        pool = self._pool
+
+        def request_slot(task_id: int, nbytes: int, old: SlotRef) -> SlotRef:
+            pool.release(old)
+            return pool.acquire(nbytes)
+
+        cfg = WorkerConfig(loader.dataset, self._iterable, loader._auto_collation,
+                           loader.batch_size, loader.drop_last, loader._pooled_collate(), None, 0,
+                           0, loader.on_error, "none")
+        self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
+        self._maker.reset_iterator()
+        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
+        self._task = 0
+
+    def __next__(self) -> Any:
+        started = time.perf_counter()
+        payload = None
+        if self._sampler_iter is not None:
+            try:
+                payload = next(self._sampler_iter)
+            except StopIteration:
+                self._epoch_done()
+                raise
+        ref = self._pool.acquire()
+        try:
+            result = self._maker.make(self._task, payload, ref)
+        except SampleFailure as failure:
+            self._pool.release(ref)
+            raise failure.__cause__ from None
+        except BaseException:
+            self._pool.release(ref)
+            raise
+        finally:
+            self._stats.record_skips(self._maker.skipped)
+        self._task += 1
+        if result is None:
+            self._pool.release(ref)
+            self._epoch_done()
+            raise StopIteration
+        batch = self._build(result)
+        self._mark_wait(started)
+        return batch
+
+
+class _WorkerIter(_IterBase):
+    """num_workers>0: worker processes fill slots; results come back in task order."""
+
+    def __init__(self, loader: PooledLoader) -> None:
+        super().__init__(loader)
+        self._loader_dataset = loader.dataset
+        self._num_workers = loader.num_workers
+        self._prefetch = loader.prefetch_factor or 2
+        self._timeout = loader.timeout
+        self._in_order = loader.in_order
+        self._persistent = loader.persistent_workers
+        self._ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
+        self._cfg = WorkerConfig(
+            loader.dataset, self._iterable, loader._auto_collation, loader.batch_size,
+            loader.drop_last, loader._pooled_collate(), loader.worker_init_fn,
+            loader.num_workers, _base_seed(loader), loader.on_error,
+            self._ctx.get_start_method())
+        self._epoch = 0
+        self._start_workers()
+
+    # -- workers -----------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
+        self._cfg.close_in_child = [lifeline_w.fileno()]
+        workers = []
+        try:
+            for wid in range(self._num_workers):
+                parent, child = self._ctx.Pipe(duplex=True)
+                self._cfg.close_in_child.append(parent.fileno())
+                proc = self._ctx.Process(target=worker_loop, args=(self._cfg, wid, child,
+                                                                   lifeline_r), daemon=True)
+                proc.start()
+                child.close()
+                self._cfg.close_in_child.remove(parent.fileno())
+                workers.append(_Worker(wid, proc, parent))
+        except BaseException:
+            _shutdown(workers, lifeline_w)
+            raise
+        finally:
+            lifeline_r.close()
+        self._workers = workers
+        self._lifeline = lifeline_w
+        self._broken = False
+        self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w)
+        self._retire_hook = _forget_arena_hook(workers)
+        self._pool.on_retire_arena.append(self._retire_hook)
+        self._next_task = 0
+        self._stale: dict = {}
+        self._reset_epoch_state()
+
+    def _reset_epoch_state(self) -> None:
+        self._tasks: dict[int, tuple[_Worker, SlotRef]] = {}
+        self._ready: dict[int, tuple] = {}
+        self._next_yield = self._next_task  # task ids grow across epochs: never reused
+        self._sampler_done = False
+        self._cycle = itertools.cycle(self._workers)
+        for w in self._workers:
+            w.active = True
+
+    def _stop(self) -> None:
+        if hasattr(self, "_workers"):
+            if self._retire_hook in self._pool.on_retire_arena:
+                self._pool.on_retire_arena.remove(self._retire_hook)
+            self._finalizer()
+            for task_id in list(self._tasks):
+                self._pool.release(self._tasks.pop(task_id)[1])
+            for entry in self._ready.values():
+                if entry[0] == "done":
+                    self._pool.release(entry[1][0])
+            self._ready.clear()
+
+    def _reset(self, loader: PooledLoader) -> None:
+        """A new epoch on persistent workers (called by DataLoader.__iter__)."""
+        self._sampler_iter = None if self._iterable else iter(loader._index_sampler)
+        if self._broken or any(not w.process.is_alive() for w in self._workers):
+            self._stop()
+            self._start_workers()
+            return
+        self._epoch += 1
+        self._stale.update(self._tasks)  # results of these are dropped when they arrive
+        for entry in list(self._ready.values()):
+            if entry[0] == "done":
+                self._pool.release(entry[1][0])
+        self._reset_epoch_state()
+        for w in self._workers:
+            if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
+                w.conn.send(("set_epoch", loader._epoch))
+            if self._iterable:
+                w.conn.send(("reset",))
+
+    # -- dispatch and receive --------------------------------------------------------------------
+    def _try_dispatch(self) -> None:
+        active = [w for w in self._workers if w.active]
+        while (active and not self._sampler_done
+               and len(self._tasks) + len(self._ready) < self._prefetch * len(active)):
+            worker = next(self._cycle)
+            while not worker.active:
+                worker = next(self._cycle)
+            payload = None
+            if not self._iterable:
+                try:
+                    payload = next(self._sampler_iter)
+                except StopIteration:
+                    self._sampler_done = True
+                    return
+            ref = self._pool.acquire()
+            task_id = self._next_task
+            self._next_task += 1
+            self._tasks[task_id] = (worker, ref)
+            worker.conn.send(("task", task_id, self._epoch, payload, ref))
+
+    def _handle(self, worker: _Worker, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "need":
+            _, task_id, nbytes, old = msg
+            self._pool.release(old)
+            ref = self._pool.acquire(nbytes)
+            if task_id in self._tasks:
+                self._tasks[task_id] = (worker, ref)
+            elif task_id in self._stale:
+                self._stale[task_id] = (worker, ref)
+            worker.conn.send(("slot", task_id, ref))
+            return
+        if kind == "error" and msg[1] == -1:
+            self._broken = True
+            self._stop()
+            _reraise(msg[3], "while starting (worker_init_fn or iter(dataset))")
+        task_id, epoch = msg[1], msg[2]
+        if epoch != self._epoch or task_id not in self._tasks:  # from an abandoned epoch
+            self._stale.pop(task_id, None)
+            ref = msg[3][0] if kind == "done" else msg[3] if kind == "end" else msg[4]
+            self._pool.release(ref)
+            return
+        self._tasks.pop(task_id)
+        if kind == "done":
+            _, _, _, result, skipped, busy = msg
+            self._stats.record_skips(skipped)
+            self._stats.worker_busy_s[worker.id] += busy
+            self._ready[task_id] = ("done", result)
+        elif kind == "end":
+            worker.active = False
+            self._pool.release(msg[3])
+            self._ready[task_id] = ("end",)
+        else:  # error
+            self._stats.record_skips(msg[5])
+            self._pool.release(msg[4])
+            self._ready[task_id] = ("error", msg[3])
+
+    def _receive(self, deadline: float | None) -> None:
+        live = {w.conn: w for w in self._workers}
+        sentinels = {w.process.sentinel: w for w in self._workers}
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait(list(live) + list(sentinels), timeout)
+        if not ready:
+            self._broken = True
+            self._stop()
+            raise RuntimeError(f"PooledLoader timed out after {self._timeout} seconds waiting "
+                               f"for a batch (timeout={self._timeout})")
+        for obj in ready:
+            if obj in live:
+                worker = live[obj]
+                try:
+                    while obj.poll():
+                        self._handle(worker, obj.recv())
+                except (EOFError, OSError):
+                    self._worker_died(worker)
+        for obj in ready:
+            if obj in sentinels:
+                self._worker_died(sentinels[obj])
+
+    def _worker_died(self, worker: _Worker) -> None:
+        worker.process.join(1.0)
+        self._broken = True
+        message = _describe_exit(worker)
+        self._stop()
+        raise WorkerError(message)
+
+    def __next__(self) -> Any:
+        started = time.perf_counter()
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            if self._broken:
+                raise RuntimeError("this PooledLoader iterator stopped after an error; "
+                                   "start a new epoch with iter(loader)")
+            self._try_dispatch()
+            entry = self._pop_ready()
+            if entry is not None:
+                kind = entry[0]
+                if kind == "end":
+                    continue
+                if kind == "error":
+                    _reraise(entry[1], "while loading a batch")
+                batch = self._build(entry[1])
+                self._mark_wait(started)
+                return batch
+            if not self._tasks and (self._sampler_done or not any(w.active
+                                                                 for w in self._workers)):
+                self._epoch_done()
+                if not self._persistent:
+                    self._stop()
+                raise StopIteration
+            self._receive(deadline)
+
+    def _pop_ready(self) -> tuple | None:
+        if self._in_order:
+            entry = self._ready.pop(self._next_yield, None)
+            if entry is not None:
+                self._next_yield += 1
+            return entry
+        if self._ready:
+            return self._ready.pop(next(iter(self._ready)))
+        return None
+
+    def __del__(self) -> None:
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

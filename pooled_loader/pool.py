@@ -1,0 +1,262 @@
+"""The slot pool: fixed-size batch slots in anonymous shared memory, recycled by reference counting.
+
+One *arena* is one `memfd_create` file mapped once: nothing is named in `/dev/shm`, so a killed
+process leaks nothing and a small `/dev/shm` does not limit the pool. Workers open an arena through
+`/proc/<owner pid>/fd/<fd>` the first time a task names it. Only the main process owns the free list;
+a slot returns to it when the last view of the batch that lives in it is gone (`SlotLease`).
+"""
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """What a task message carries to name a slot: enough for a worker to map and write it."""
+
+    arena_id: int
+    owner_pid: int
+    fd: int
+    arena_bytes: int
+    offset: int
+    nbytes: int
+    index: int  # slot number inside the arena
+
+
+class Arena:
+    """One memfd mapping holding `num_slots` slots of `slot_bytes` each (owner side)."""
+
+    def __init__(self, arena_id: int, slot_bytes: int, num_slots: int):
+        self.id = arena_id
+        self.slot_bytes = _round_up(max(slot_bytes, 1), PAGE)
+        self.num_slots = num_slots
+        self.nbytes = self.slot_bytes * num_slots
+        self.fd = os.memfd_create(f"pooled_loader-{os.getpid()}-{arena_id}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.nbytes)
+        self._mmap = mmap.mmap(self.fd, self.nbytes)
+        self.array = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.address = self.array.ctypes.data
+        # The mapping goes when its last view does; the fd when the arena object is collected
+        # (the pool and every lease of this arena hold it).
+        weakref.finalize(self, os.close, self.fd)
+
+    def slot_ref(self, index: int) -> SlotRef:
+        return SlotRef(self.id, os.getpid(), self.fd, self.nbytes, index * self.slot_bytes,
+                       self.slot_bytes, index)
+
+
+class SlotLease:
+    """Owner of one slot while a batch lives in it.
+
+    numpy arrays made from it (`array()`) keep it alive through their `.base`, and so do torch
+    tensors made from those arrays, so the slot goes back to the pool exactly when the last view is
+    gone. `hold` lets other parts (the CUDA stage) delay the return until their work is done.
+    """
+
+    __slots__ = ("arena", "ref", "_release", "__weakref__", "__array_interface__")
+
+    def __init__(self, arena: Arena, ref: SlotRef, release: Callable[["SlotLease"], None]):
+        self.arena = arena
+        self.ref = ref
+        self._release = release
+        self.__array_interface__ = {
+            "shape": (ref.nbytes,), "typestr": "|u1", "version": 3,
+            "data": (arena.address + ref.offset, False),
+        }
+
+    def array(self) -> np.ndarray:
+        """A uint8 view of the whole slot whose base is this lease."""
+        return np.asarray(self)
+
+    def __del__(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release(self)
+
+
+class SlotPool:
+    """Fixed-size slots in memfd arenas; grows (never truncates) when it runs dry or a batch is
+    too big for its slots."""
+
+    def __init__(self, slot_bytes: int, num_slots: int, grow_warning: str = ""):
+        self._lock = threading.Lock()
+        self._arenas: dict[int, Arena] = {}
+        self._free: collections.deque[tuple[int, int]] = collections.deque()
+        self._returned: collections.deque[SlotRef] = collections.deque()  # filled by __del__
+        self._next_arena = 0
+        self._min_bytes = 0
+        self._grow_warning = grow_warning
+        self._warned = False
+        self.num_slots_hint = num_slots
+        self.on_new_arena: list[Callable[[Arena], None]] = []
+        self.on_retire_arena: list[Callable[[Arena], None]] = []
+        self.counters = collections.Counter()
+        self.allocations_at_warmup: int | None = None
+        self._add_arena(slot_bytes, num_slots)
+
+    # -- arenas ---------------------------------------------------------------------------------
+    def _add_arena(self, slot_bytes: int, num_slots: int) -> Arena:
+        arena = Arena(self._next_arena, slot_bytes, num_slots)
+        self._next_arena += 1
+        self._arenas[arena.id] = arena
+        self._free.extend((arena.id, i) for i in range(num_slots))
+        self.counters["slots_allocated"] += num_slots
+        self.counters["arenas_allocated"] += 1
+        for hook in self.on_new_arena:
+            hook(arena)
+        return arena
+
+    def _retire_if_idle(self, arena: Arena) -> None:
+        if arena.slot_bytes >= self._min_bytes or arena.id not in self._arenas:
+            return
+        free_here = [s for s in self._free if s[0] == arena.id]
+        if len(free_here) == arena.num_slots:
+            for s in free_here:
+                self._free.remove(s)
+            del self._arenas[arena.id]
+            for hook in self.on_retire_arena:
+                hook(arena)
+
+    @property
+    def slot_bytes(self) -> int:
+        return max(a.slot_bytes for a in self._arenas.values())
+
+    # -- slots ----------------------------------------------------------------------------------
+    def _drain_returned(self) -> None:
+        while self._returned:
+            ref = self._returned.popleft()
+            arena = self._arenas.get(ref.arena_id)
+            if arena is None:
+                continue
+            self._free.append((ref.arena_id, ref.index))
+            self._retire_if_idle(arena)
+
+    def acquire(self, min_bytes: int = 0) -> SlotRef:
+        """A free slot of at least `min_bytes`, growing the pool when none is free."""
+        with self._lock:
+            self._drain_returned()
+            if min_bytes > self._min_bytes:
+                self._min_bytes = min_bytes
+                for arena in list(self._arenas.values()):
+                    self._retire_if_idle(arena)
+            for _ in range(len(self._free)):
+                arena_id, index = self._free.popleft()
+                arena = self._arenas[arena_id]
+                if arena.slot_bytes >= self._min_bytes:
+                    self.counters["reuses"] += 1
+                    return arena.slot_ref(index)
+                self._free.append((arena_id, index))
+            return self._grow(min_bytes)
+
+    def _grow(self, min_bytes: int) -> SlotRef:
+        live = [a for a in self._arenas.values() if a.slot_bytes >= self._min_bytes]
+        if live:  # ran dry: the user keeps batches
+            self.counters["grown_dry"] += 1
+            if not self._warned and self._grow_warning:
+                self._warned = True
+                warnings.warn(self._grow_warning.format(slots=self.capacity()), stacklevel=4)
+            count = max(2, sum(a.num_slots for a in live) // 2)
+            arena = self._add_arena(max(a.slot_bytes for a in live), count)
+        else:  # a batch too large for every slot: larger slots, same count
+            self.counters["grown_size"] += 1
+            count = max(self.num_slots_hint, 1)
+            arena = self._add_arena(_round_up(int(min_bytes * 1.25), PAGE), count)
+        self._free.remove((arena.id, 0))
+        return arena.slot_ref(0)
+
+    def release(self, ref: SlotRef) -> None:
+        """Give back a slot that was never leased (a task failed or was dropped)."""
+        self._returned.append(ref)
+
+    def lease(self, ref: SlotRef) -> SlotLease:
+        """Wrap a filled slot; the slot returns to the pool when the lease and its views are gone."""
+        arena = self._arenas[ref.arena_id]
+        returned = self._returned
+        self.counters["batches"] += 1
+
+        def give_back(lease: SlotLease, returned=returned) -> None:
+            returned.append(lease.ref)
+
+        return SlotLease(arena, ref, give_back)
+
+    def arena(self, arena_id: int) -> Arena:
+        return self._arenas[arena_id]
+
+    def arenas(self) -> list[Arena]:
+        return list(self._arenas.values())
+
+    def capacity(self) -> int:
+        return sum(a.num_slots for a in self._arenas.values())
+
+    def mark_warm(self) -> None:
+        """Call at the end of the first epoch: later slot allocations are reported separately."""
+        if self.allocations_at_warmup is None:
+            self.allocations_at_warmup = self.counters["slots_allocated"]
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._drain_returned()
+            capacity = self.capacity()
+            free = sum(1 for s in self._free if self._arenas[s[0]].slot_bytes >= self._min_bytes)
+            warm = self.allocations_at_warmup
+            return {
+                "slots": capacity,
+                "slots_in_use": capacity - free,
+                "slot_bytes": self.slot_bytes,
+                "bytes": sum(a.nbytes for a in self._arenas.values()),
+                "grown": self.counters["grown_dry"] + self.counters["grown_size"],
+                "reuses": self.counters["reuses"],
+                "slots_allocated": self.counters["slots_allocated"],
+                "allocations_after_warmup": (
+                    None if warm is None else self.counters["slots_allocated"] - warm),
+            }
+
+    def close(self) -> None:
+        """Drop the pool's references; arenas still viewed by user batches live on until freed."""
+        with self._lock:
+            arenas, self._arenas = self._arenas, {}
+            self._free.clear()
+        for arena in arenas.values():
+            for hook in self.on_retire_arena:
+                hook(arena)
+
+
+class ArenaMap:
+    """Worker side: arenas mapped on first use, as writable numpy byte arrays."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int], tuple[mmap.mmap, np.ndarray]] = {}
+
+    def slot(self, ref: SlotRef) -> np.ndarray:
+        key = (ref.owner_pid, ref.arena_id)
+        entry = self._maps.get(key)
+        if entry is None:
+            if ref.owner_pid == os.getpid():
+                fd = os.dup(ref.fd)
+            else:
+                fd = os.open(f"/proc/{ref.owner_pid}/fd/{ref.fd}", os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, ref.arena_bytes)
+            finally:
+                os.close(fd)
+            entry = (mm, np.frombuffer(mm, dtype=np.uint8))
+            self._maps[key] = entry
+        return entry[1][ref.offset:ref.offset + ref.nbytes]
+
+    def forget(self, owner_pid: int, arena_id: int) -> None:
+        self._maps.pop((owner_pid, arena_id), None)  # unmapped once no view is left

@@ -1,0 +1,378 @@
+"""Worker side: build batches straight into pool slots.
+
+`BatchMaker` is the data path (also used in-process when num_workers=0); `worker_loop` is the
+process around it. Only small messages travel: tasks name indices and a slot; replies carry the
+batch layout (leaf shapes/offsets), strings and other small objects, and timings.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data._utils import worker as torch_worker
+
+from .layout import (Leaf, as_numpy, collated_spec, empty_like_tree, flatten, leaf_of, place,
+                     same_structure)
+from .pool import ArenaMap, SlotRef
+
+MAX_REPLACEMENTS = 16
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs; pickled once per worker under spawn/forkserver."""
+
+    dataset: Any
+    iterable: bool
+    auto_collation: bool
+    batch_size: int | None
+    drop_last: bool
+    collate_fn: Callable | None  # None: the pooled default collate / convert
+    worker_init_fn: Callable | None
+    num_workers: int
+    base_seed: int
+    on_error: str
+    start_method: str
+    close_in_child: list[int] = field(default_factory=list)
+
+
+class SampleFailure(Exception):
+    """Raised by `BatchMaker` with the index of the sample whose loading failed."""
+
+    def __init__(self, index: Any):
+        super().__init__(index)
+        self.index = index
+
+
+def _numpy_to_torch_name(dtype: np.dtype) -> str:
+    return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype).split(".")[1]
+
+
+def _tensor_dtype(leaf: Leaf) -> str:
+    return leaf.dtype if leaf.kind == "tensor" else _numpy_to_torch_name(np.dtype(leaf.dtype))
+
+
+def _collated_leaf(leaf: Leaf, batch: int) -> Leaf:
+    """default_collate turns ndarrays into tensors and stacks along a new first dimension."""
+    return Leaf("tensor", (batch,) + leaf.shape, _tensor_dtype(leaf))
+
+
+def _converted_leaf(leaf: Leaf) -> Leaf:
+    """default_convert (batch_size=None) turns ndarrays into tensors, shapes unchanged."""
+    return Leaf("tensor", leaf.shape, _tensor_dtype(leaf))
+
+
+def _data_ptr(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if isinstance(value, np.ndarray):
+        return value.__array_interface__["data"][0]
+    return -1
+
+
+class BatchMaker:
+    """Builds one batch into one slot; knows nothing about processes."""
+
+    def __init__(self, cfg: WorkerConfig, arenas: ArenaMap,
+                 request_slot: Callable[[int, int, SlotRef], SlotRef]):
+        self.cfg = cfg
+        self.arenas = arenas
+        self.request_slot = request_slot
+        self.iterator = None
+        self.dataset_len = None
+        self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
+                         and callable(getattr(cfg.dataset, "getitem_into", None)))
+        self._spec: tuple | None = None  # structure and leaves of the last sample seen
+        self._leaves: list[Leaf] | None = None
+        self.skipped: list[tuple[Any, str]] = []
+        self.current_index: Any = None
+
+    # -- fetching samples ------------------------------------------------------------------------
+    def reset_iterator(self) -> None:
+        self.iterator = iter(self.cfg.dataset) if self.cfg.iterable else None
+
+    def _fetch(self, index: Any, out: Any = None) -> Any:
+        self.current_index = index
+        try:
+            if out is not None:
+                return self.cfg.dataset.getitem_into(index, out)
+            return self.cfg.dataset[index]
+        except Exception as exc:
+            if self.cfg.on_error != "skip":
+                raise SampleFailure(index) from exc
+            return self._replace(index, exc, out)
+
+    def _replace(self, index: Any, exc: Exception, out: Any) -> Any:
+        """on_error="skip": draw replacement samples, reproducibly from the seed and the index."""
+        self.skipped.append((index, f"{type(exc).__name__}: {exc}"))
+        if self.dataset_len is None:
+            self.dataset_len = len(self.cfg.dataset)
+        rng = random.Random(f"{self.cfg.base_seed}:{index}")
+        for _ in range(MAX_REPLACEMENTS):
+            other = rng.randrange(self.dataset_len)
+            self.current_index = other
+            try:
+                if out is not None:
+                    return self.cfg.dataset.getitem_into(other, out)
+                return self.cfg.dataset[other]
+            except Exception as exc2:  # noqa: BLE001 - every failure is counted and reported
+                self.skipped.append((other, f"{type(exc2).__name__}: {exc2}"))
+        raise SampleFailure(index) from exc
+
+    def _samples(self, payload: Any) -> list | None:
+        """Next samples of an iterable dataset (None at its end, honouring drop_last)."""
+        want = self.cfg.batch_size if self.cfg.auto_collation else 1
+        samples = []
+        for _ in range(want):
+            try:
+                samples.append(next(self.iterator))
+            except StopIteration:
+                break
+        if not samples or (self.cfg.auto_collation and self.cfg.drop_last
+                           and len(samples) < want):
+            return None
+        return samples
+
+    # -- building ---------------------------------------------------------------------------------
+    def make(self, task_id: int, payload: Any, ref: SlotRef) -> tuple | None:
+        """Fill `ref` with the batch of `payload`; returns the layout message, or None at the end
+        of an iterable dataset."""
+        self.skipped = []
+        if self.cfg.iterable:
+            samples = self._samples(payload)
+            if samples is None:
+                return None
+            if self.cfg.collate_fn is not None:
+                batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
+                    self.cfg.collate_fn(samples[0])
+                return self._write_tree(task_id, batch, ref, convert=False)
+            if not self.cfg.auto_collation:
+                return self._write_tree(task_id, samples[0], ref, convert=True)
+            return self._collate(task_id, samples, ref, fetch=None)
+        if not self.cfg.auto_collation:
+            sample = self._fetch(payload)
+            if self.cfg.collate_fn is not None:
+                return self._write_tree(task_id, self.cfg.collate_fn(sample), ref, convert=False)
+            return self._write_tree(task_id, sample, ref, convert=True)
+        if self.cfg.collate_fn is not None:
+            batch = self.cfg.collate_fn([self._fetch(i) for i in payload])
+            return self._write_tree(task_id, batch, ref, convert=False)
+        return self._collate(task_id, payload, ref, fetch=self._fetch)
+
+    def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> tuple:
+        """Copy every array of an already-built batch into the slot."""
+        arrays: list = []
+        metas: list = []
+        spec = flatten(tree, arrays, metas)
+        leaves = [leaf_of(a) for a in arrays]
+        out_leaves = [_converted_leaf(l) if convert else l for l in leaves]
+        offsets, total = place(out_leaves)
+        if total > ref.nbytes:
+            ref = self.request_slot(task_id, total, ref)
+        slot = self.arenas.slot(ref)
+        for leaf, off, value in zip(out_leaves, offsets, arrays):
+            src = as_numpy(value)
+            dst = slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
+            np.copyto(dst, src.view(leaf.storage_dtype) if src.dtype != leaf.storage_dtype
+                      else src, casting="no")
+        return (ref, spec, list(zip(out_leaves, offsets)), metas, 1)
+
+    def _rows(self, slot: np.ndarray, leaves: list[Leaf], batch: int) -> tuple | None:
+        """Per-leaf [batch, ...] views of the slot for this layout, or None if it does not fit."""
+        out_leaves = [_collated_leaf(l, batch) for l in leaves]
+        offsets, total = place(out_leaves)
+        if total > len(slot):
+            return None
+        views = [slot[off:off + l.nbytes].view(l.storage_dtype).reshape(l.shape)
+                 for l, off in zip(out_leaves, offsets)]
+        return out_leaves, offsets, views, total
+
+    def _collate(self, task_id: int, items: list, ref: SlotRef, fetch: Callable | None) -> tuple:
+        """default_collate, writing sample j's leaves straight into row j of each batch leaf."""
+        batch = len(items)
+        slot = self.arenas.slot(ref)
+        rows = self._rows(slot, self._leaves, batch) if (self._leaves and self.use_into) else None
+        guess = rows
+
+        def sample_at(j: int, rows_now: tuple | None) -> Any:
+            if fetch is None:
+                return items[j]
+            out = None
+            if rows_now is not None and self.use_into:
+                out = empty_like_tree(self._spec, [v[j, ...] for v in rows_now[2]])
+            return fetch(items[j], out)
+
+        first = sample_at(0, guess)
+        arrays: list = []
+        metas: list = []
+        spec = flatten(first, arrays, metas, numbers=True)
+        leaves = [leaf_of(a, numbers=True) for a in arrays]
+        if leaves != self._leaves or self._spec is None or not same_structure(spec, self._spec):
+            self._spec, self._leaves = spec, leaves
+            rows = self._rows(slot, leaves, batch)
+        pending: list[list] | None = None
+        if rows is None:  # too big for this slot: keep samples privately, then ask for a bigger one
+            pending = [arrays]
+        meta_columns = [[m] for m in metas]
+        if pending is None:
+            self._write_row(rows, 0, arrays)
+        for j in range(1, batch):
+            sample = sample_at(j, rows if pending is None else None)
+            s_arrays: list = []
+            s_metas: list = []
+            s_spec = flatten(sample, s_arrays, s_metas, numbers=True)
+            s_leaves = [leaf_of(a, numbers=True) for a in s_arrays]
+            if s_leaves != leaves or not same_structure(s_spec, spec):
+                raise RuntimeError(
+                    "default_collate: every sample of a batch must have the same structure and "
+                    f"array shapes/dtypes, but sample {items[j] if fetch else j} has "
+                    f"{[(l.shape, l.dtype) for l in s_leaves]} and sample "
+                    f"{items[0] if fetch else 0} has {[(l.shape, l.dtype) for l in leaves]}")
+            for col, m in zip(meta_columns, s_metas):
+                col.append(m)
+            if pending is not None:
+                pending.append(s_arrays)
+            else:
+                self._write_row(rows, j, s_arrays)
+        if pending is not None:
+            total = place([_collated_leaf(l, batch) for l in leaves])[1]
+            ref = self.request_slot(task_id, total, ref)
+            rows = self._rows(self.arenas.slot(ref), leaves, batch)
+            for j, s_arrays in enumerate(pending):
+                self._write_row(rows, j, s_arrays)
+        out_leaves, offsets = rows[0], rows[1]
+        return (ref, collated_spec(spec), list(zip(out_leaves, offsets)), meta_columns, batch)
+
+    @staticmethod
+    def _write_row(rows: tuple, j: int, arrays: list) -> None:
+        for view, value in zip(rows[2], arrays):
+            dst = view[j, ...]
+            if _data_ptr(value) == dst.__array_interface__["data"][0]:
+                continue  # written in place by getitem_into
+            src = as_numpy(value)
+            if src.dtype != dst.dtype:
+                src = src.view(dst.dtype)
+            np.copyto(dst, src, casting="no")
+
+
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed `random`, torch and numpy the way DataLoader does; returns the worker's seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+        np.random.seed(_generate_state(base_seed, worker_id))
+    except ImportError:  # older/newer torch without it: an equivalent independent stream
+        np.random.seed(np.random.SeedSequence([worker_id, base_seed]).generate_state(4))
+    return seed
+
+
+def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
+    """Make torch.utils.data.get_worker_info() (and ours) answer inside this worker."""
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+
+
+def _exit_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the process that started it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def error_message(worker_id: int, exc: BaseException, index: Any) -> tuple:
+    """A picklable description of an exception raised while building a batch."""
+    cause = exc.__cause__ if isinstance(exc, SampleFailure) and exc.__cause__ else exc
+    text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    return (type(cause), str(cause), text, worker_id, index)
+
+
+def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
+    """Body of a worker process: answer tasks until told to stop or the main process is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.start_method == "fork":
+        for fd in cfg.close_in_child:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if cfg.start_method != "forkserver":
+        _exit_with_parent()
+    torch.set_num_threads(1)
+    seed = seed_worker(cfg.base_seed, worker_id)
+    set_worker_info(worker_id, cfg.num_workers, seed, cfg.dataset)
+    pending: collections.deque = collections.deque()
+
+    def receive() -> Any:
+        if pending:
+            return pending.popleft()
+        ready = wait([conn, lifeline])
+        if conn in ready:
+            return conn.recv()
+        raise EOFError  # lifeline closed: the main process is gone
+
+    def request_slot(task_id: int, nbytes: int, old: SlotRef) -> SlotRef:
+        conn.send(("need", task_id, nbytes, old))
+        while True:  # other messages wait their turn in `pending`
+            if lifeline in wait([conn, lifeline]) and not conn.poll():
+                raise EOFError
+            msg = conn.recv()
+            if msg is not None and msg[0] == "slot" and msg[1] == task_id:
+                return msg[2]
+            pending.append(msg)
+
+    maker = BatchMaker(cfg, ArenaMap(), request_slot)
+    try:
+        if cfg.worker_init_fn is not None:
+            cfg.worker_init_fn(worker_id)
+        maker.reset_iterator()
+    except Exception as exc:  # noqa: BLE001 - reported to the main process
+        conn.send(("error", -1, None, error_message(worker_id, exc, None)))
+        return
+    try:
+        while True:
+            msg = receive()
+            if msg is None:
+                break
+            kind = msg[0]
+            if kind == "task":
+                _, task_id, epoch, payload, ref = msg
+                start = time.perf_counter()
+                try:
+                    result = maker.make(task_id, payload, ref)
+                except Exception as exc:  # noqa: BLE001 - reported to the main process
+                    conn.send(("error", task_id, epoch,
+                               error_message(worker_id, exc, maker.current_index), ref,
+                               maker.skipped))
+                    continue
+                busy = time.perf_counter() - start
+                if result is None:
+                    conn.send(("end", task_id, epoch, ref))
+                else:
+                    conn.send(("done", task_id, epoch, result, maker.skipped, busy))
+            elif kind == "reset":
+                maker.reset_iterator()
+            elif kind == "set_epoch":
+                setter = getattr(cfg.dataset, "set_epoch", None)
+                if callable(setter):
+                    setter(msg[1])
+            elif kind == "forget":
+                maker.arenas.forget(msg[1], msg[2])
+    except (EOFError, OSError, KeyboardInterrupt):
+        pass
+    finally:
+        sys.stdout.flush()
