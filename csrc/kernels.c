@@ -222,80 +222,107 @@ static inline __m128i hpass_px_sse2(const uint8_t *p, int n, int last_safe, cons
     return acc;
 }
 
-static inline void store_px(float *d0, float *d1, float *d2, Py_ssize_t j, __m128i acc) {
-    __m128 f = _mm_cvtepi32_ps(acc);
-    _mm_store_ss(d0 + j, f);
-    _mm_store_ss(d1 + j, _mm_shuffle_ps(f, f, 1));
-    _mm_store_ss(d2 + j, _mm_shuffle_ps(f, f, 2));
+/* 4 output pixels at a time: RGBX x4 transposed into R, G, B vectors, 3 stores; PX(j) is the
+ * pixel's float4 */
+#define HPASS_ROW_BODY(PX)                                                                       \
+    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;                                         \
+    Py_ssize_t j = 0;                                                                            \
+    for (; j + 4 <= ow; j += 4) {                                                                \
+        __m128 f0 = PX(j), f1 = PX(j + 1), f2 = PX(j + 2), f3 = PX(j + 3);                       \
+        _MM_TRANSPOSE4_PS(f0, f1, f2, f3);                                                       \
+        _mm_storeu_ps(d0 + j, f0);                                                               \
+        _mm_storeu_ps(d1 + j, f1);                                                               \
+        _mm_storeu_ps(d2 + j, f2);                                                               \
+    }                                                                                            \
+    for (; j < ow; j++) {                                                                        \
+        __m128 f = PX(j);                                                                        \
+        _mm_store_ss(d0 + j, f);                                                                 \
+        _mm_store_ss(d1 + j, _mm_shuffle_ps(f, f, 1));                                           \
+        _mm_store_ss(d2 + j, _mm_shuffle_ps(f, f, 2));                                           \
+    }
+
+static inline __m128 hpass_px_sse2_at(const uint8_t *srow, Py_ssize_t width, const int *xb,
+                                      const int16_t *xw, int wstride, Py_ssize_t j) {
+    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    return _mm_cvtepi32_ps(hpass_px_sse2(srow + 3 * (Py_ssize_t)x0, n, x0 + n < width,
+                                         xw + j * (Py_ssize_t)wstride));
 }
 
 static void hpass_row_sse2(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
                            const int *restrict xb, const int16_t *restrict xw, int wstride,
                            float *restrict dst) {
-    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
-    for (Py_ssize_t j = 0; j < ow; j++) {
-        const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        store_px(d0, d1, d2, j,
-                 hpass_px_sse2(srow + 3 * (Py_ssize_t)x0, n, x0 + n < width,
-                               xw + j * (Py_ssize_t)wstride));
-    }
+#define PX(j) hpass_px_sse2_at(srow, width, xb, xw, wstride, (j))
+    HPASS_ROW_BODY(PX)
+#undef PX
 }
 
 /* byte shuffles: pixels t..t+3 (12 bytes) -> int16 (r_t, r_t+1, g_t, g_t+1, b_t, b_t+1, 0, 0) */
 #define Z -1
 
+__attribute__((target("ssse3"))) static inline __m128 hpass_px_ssse3(
+    const uint8_t *srow, Py_ssize_t width, const int *xb, const int16_t *xw, int wstride,
+    Py_ssize_t j, __m128i m01, __m128i m23) {
+    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    const int16_t *k = xw + j * (Py_ssize_t)wstride;
+    const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
+    const int groups = (n + 3) >> 2;
+    __m128i acc;
+    if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
+        acc = _mm_setzero_si128();
+        for (int g = 0; g < groups; g++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(p + 12 * g));
+            const __m128i *w = (const __m128i *)(k + 16 * g);
+            acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m01), _mm_loadu_si128(w)));
+            acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m23), _mm_loadu_si128(w + 1)));
+        }
+    } else {
+        acc = hpass_px_sse2(p, n, x0 + n < width, k);
+    }
+    return _mm_cvtepi32_ps(acc);
+}
+
 __attribute__((target("ssse3"))) static void hpass_row_ssse3(
     const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
     const int16_t *restrict xw, int wstride, float *restrict dst) {
-    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
     const __m128i m01 = _mm_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z);
     const __m128i m23 = _mm_setr_epi8(6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
-    for (Py_ssize_t j = 0; j < ow; j++) {
-        const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        const int16_t *k = xw + j * (Py_ssize_t)wstride;
-        const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
-        const int groups = (n + 3) >> 2;
-        __m128i acc;
-        if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
-            acc = _mm_setzero_si128();
-            for (int g = 0; g < groups; g++) {
-                __m128i v = _mm_loadu_si128((const __m128i *)(p + 12 * g));
-                const __m128i *w = (const __m128i *)(k + 16 * g);
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m01), _mm_loadu_si128(w)));
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m23), _mm_loadu_si128(w + 1)));
-            }
-        } else {
-            acc = hpass_px_sse2(p, n, x0 + n < width, k);
+#define PX(j) hpass_px_ssse3(srow, width, xb, xw, wstride, (j), m01, m23)
+    HPASS_ROW_BODY(PX)
+#undef PX
+}
+
+__attribute__((target("avx2"))) static inline __m128 hpass_px_avx2(
+    const uint8_t *srow, Py_ssize_t width, const int *xb, const int16_t *xw, int wstride,
+    Py_ssize_t j, __m256i m) {
+    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    const int16_t *k = xw + j * (Py_ssize_t)wstride;
+    const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
+    const int groups = (n + 3) >> 2;
+    __m128i acc;
+    if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
+        __m256i a = _mm256_madd_epi16(
+            _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), m),
+            _mm256_loadu_si256((const __m256i *)k));
+        for (int g = 1; g < groups; g++) {
+            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 12 * g)));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(v, m),
+                                                      _mm256_loadu_si256((const __m256i *)(k + 16 * g))));
         }
-        store_px(d0, d1, d2, j, acc);
+        acc = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    } else {
+        acc = hpass_px_sse2(p, n, x0 + n < width, k);
     }
+    return _mm_cvtepi32_ps(acc);
 }
 
 __attribute__((target("avx2"))) static void hpass_row_avx2(
     const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
     const int16_t *restrict xw, int wstride, float *restrict dst) {
-    float *d0 = dst, *d1 = dst + ow, *d2 = dst + 2 * ow;
     const __m256i m = _mm256_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z,
                                        6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
-    for (Py_ssize_t j = 0; j < ow; j++) {
-        const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        const int16_t *k = xw + j * (Py_ssize_t)wstride;
-        const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
-        const int groups = (n + 3) >> 2;
-        __m128i acc;
-        if (x0 + 4 * (groups - 1) + 6 <= width) {
-            __m256i a = _mm256_setzero_si256();
-            for (int g = 0; g < groups; g++) {
-                __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 12 * g)));
-                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(v, m),
-                                                          _mm256_loadu_si256((const __m256i *)(k + 16 * g))));
-            }
-            acc = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-        } else {
-            acc = hpass_px_sse2(p, n, x0 + n < width, k);
-        }
-        store_px(d0, d1, d2, j, acc);
-    }
+#define PX(j) hpass_px_avx2(srow, width, xb, xw, wstride, (j), m)
+    HPASS_ROW_BODY(PX)
+#undef PX
 }
 #undef Z
 
