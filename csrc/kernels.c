@@ -388,43 +388,67 @@ static void hpass_row_f32(const uint8_t *restrict srow, Py_ssize_t ow, const int
     }
 }
 
-/* acc[i] = sum_t w[t] * rows[t][i], i < len */
-PL_HOT static void vpass_row(float *restrict acc, const float *const *rows, const float *w, int n,
-                             Py_ssize_t len) {
-    const float *restrict r0 = rows[0];
-    const float w0 = w[0];
-    if (n >= 2) {
-        const float *restrict r1 = rows[1];
-        const float w1 = w[1];
-        for (Py_ssize_t i = 0; i < len; i++) acc[i] = r0[i] * w0 + r1[i] * w1;
-    } else {
-        for (Py_ssize_t i = 0; i < len; i++) acc[i] = r0[i] * w0;
+/* Vertical pass for one output row, fused with the final store into the three CHW planes.
+ * Element i of a ring row is channel i / ow, column i % ow.  The sum over taps is always
+ * ((r0*w0 + r1*w1) + r2*w2) + ... in that order, so every path/ISA gives the same floats.
+ * uint8: round half up and clamp (the int clamp lets the compiler use saturating packs);
+ * float32: the same uint8 value, then * scale + bias (so float == normalize(uint8)). */
+#define TAP_SUM_1(i) (r0[i] * w0)
+#define TAP_SUM_2(i) (r0[i] * w0 + r1[i] * w1)
+#define TAP_SUM_3(i) (r0[i] * w0 + r1[i] * w1 + r2[i] * w2)
+#define TAP_SUM_4(i) (r0[i] * w0 + r1[i] * w1 + r2[i] * w2 + r3[i] * w3)
+#define TAP_SUM_ACC(i) (acc[i])
+#define ROUND_U8(v, q)                                                                           \
+    int32_t q = (int32_t)((v) + 0.5f);                                                           \
+    q = q < 0 ? 0 : q;                                                                           \
+    q = q > 255 ? 255 : q;
+
+#define VROW_STORE(SUM)                                                                          \
+    if (out_f32) {                                                                               \
+        for (int c = 0; c < 3; c++) {                                                            \
+            float *restrict o = out_f32 + c * plane;                                             \
+            const float sc = scale[c], bi = bias[c];                                             \
+            const Py_ssize_t off = c * ow;                                                       \
+            for (Py_ssize_t x = 0; x < ow; x++) {                                                \
+                ROUND_U8(SUM(off + x), q)                                                        \
+                o[x] = (float)q * sc + bi;                                                       \
+            }                                                                                    \
+        }                                                                                        \
+    } else {                                                                                     \
+        for (int c = 0; c < 3; c++) {                                                            \
+            uint8_t *restrict o = out_u8 + c * plane;                                            \
+            const Py_ssize_t off = c * ow;                                                       \
+            for (Py_ssize_t x = 0; x < ow; x++) {                                                \
+                ROUND_U8(SUM(off + x), q)                                                        \
+                o[x] = (uint8_t)q;                                                               \
+            }                                                                                    \
+        }                                                                                        \
     }
-    for (int t = 2; t < n; t++) {
+
+PL_HOT static void vpass_store(const float *const *rows, const float *w, int n, Py_ssize_t ow,
+                               float *restrict acc, uint8_t *restrict out_u8,
+                               float *restrict out_f32, Py_ssize_t plane, const float *scale,
+                               const float *bias) {
+    const Py_ssize_t len = 3 * ow;
+    const float *restrict r0 = rows[0];
+    const float *restrict r1 = n > 1 ? rows[1] : r0;
+    const float *restrict r2 = n > 2 ? rows[2] : r0;
+    const float *restrict r3 = n > 3 ? rows[3] : r0;
+    const float w0 = w[0], w1 = n > 1 ? w[1] : 0.f, w2 = n > 2 ? w[2] : 0.f, w3 = n > 3 ? w[3] : 0.f;
+    switch (n) {
+    case 1: VROW_STORE(TAP_SUM_1) return;
+    case 2: VROW_STORE(TAP_SUM_2) return;
+    case 3: VROW_STORE(TAP_SUM_3) return;
+    case 4: VROW_STORE(TAP_SUM_4) return;
+    default: break;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) acc[i] = TAP_SUM_4(i);
+    for (int t = 4; t < n; t++) {
         const float *restrict r = rows[t];
         const float wt = w[t];
         for (Py_ssize_t i = 0; i < len; i++) acc[i] += r[i] * wt;
     }
-}
-
-PL_HOT static void store_u8(uint8_t *restrict dst, const float *restrict acc, Py_ssize_t len) {
-    for (Py_ssize_t i = 0; i < len; i++) {
-        float v = acc[i] + 0.5f;
-        v = v < 0.f ? 0.f : v;
-        v = v > 255.f ? 255.f : v;
-        dst[i] = (uint8_t)(int)v;
-    }
-}
-
-/* rounds/clamps to the uint8 value first, so float output == normalize(uint8 output) */
-PL_HOT static void store_f32(float *restrict dst, const float *restrict acc, Py_ssize_t len,
-                             float scale, float bias) {
-    for (Py_ssize_t i = 0; i < len; i++) {
-        float v = acc[i] + 0.5f;
-        v = v < 0.f ? 0.f : v;
-        v = v > 255.f ? 255.f : v;
-        dst[i] = (float)(int)v * scale + bias;
-    }
+    VROW_STORE(TAP_SUM_ACC)
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -623,14 +647,9 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
                 hpass_row_f32(sbase + next_row * sstride, ow, xb, xwf, kx2, dst);
         }
         for (int t = 0; t < n; t++) rows[t] = ring + ((r0 + t) % ky) * rowlen;
-        vpass_row(acc, rows, yw + y * (Py_ssize_t)ky, n, rowlen);
-        if (is_float) {
-            float *o = (float *)ob.buf + y * ow;
-            for (int c = 0; c < 3; c++) store_f32(o + c * plane, acc + c * ow, ow, scale[c], bias[c]);
-        } else {
-            uint8_t *o = (uint8_t *)ob.buf + y * ow;
-            for (int c = 0; c < 3; c++) store_u8(o + c * plane, acc + c * ow, ow);
-        }
+        vpass_store(rows, yw + y * (Py_ssize_t)ky, n, ow, acc,
+                    is_float ? NULL : (uint8_t *)ob.buf + y * ow,
+                    is_float ? (float *)ob.buf + y * ow : NULL, plane, scale, bias);
     }
     Py_END_ALLOW_THREADS;
 
