@@ -52,14 +52,15 @@ class Leaf:
 _NUMBER_DTYPES = {bool: "bool", int: "int64", float: "float64"}
 
 
-def leaf_of(value: Any, numbers: bool = False) -> Leaf | None:
+def leaf_of(value: Any, numbers: bool | str = False) -> Leaf | None:
     """The Leaf describing `value` as it is (no batch dimension), or None if it is not an array.
 
-    With `numbers`, Python and numpy scalars count as 0-d tensor leaves (default_collate turns a
-    batch of them into a tensor).
+    With `numbers=True`, Python and numpy scalars count as 0-d tensor leaves (default_collate
+    turns a batch of them into a tensor); with `numbers="numpy"` only numpy scalars do (as
+    default_convert converts them).
     """
     if numbers:
-        if type(value) in _NUMBER_DTYPES:
+        if numbers is True and type(value) in _NUMBER_DTYPES:
             return Leaf("tensor", (), _NUMBER_DTYPES[type(value)])
         if isinstance(value, np.number) or isinstance(value, np.bool_):
             torch_dtype = torch.from_numpy(np.asarray(value)).dtype
@@ -101,7 +102,7 @@ def place(leaves: list[Leaf]) -> tuple[list[int], int]:
 #             | ("namedtuple", type, children)
 
 
-def flatten(tree: Any, arrays: list, metas: list, numbers: bool = False) -> tuple:
+def flatten(tree: Any, arrays: list, metas: list, numbers: bool | str = False) -> tuple:
     """Flatten `tree`; appends array leaves to `arrays` and other objects to `metas`.
 
     With `numbers`, Python/numpy scalars are array leaves too (see `leaf_of`).

@@ -278,6 +278,9 @@ class _IterBase:
         except TypeError:
             pass
         self._last_yield: float | None = None
+        # Drawn like DataLoader does (even without workers), so a seeded generator gives
+        # DataLoader's exact shuffle order.
+        self._seed = _base_seed(loader)
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=3)
@@ -337,7 +340,7 @@ class _InProcessIter(_IterBase):
 
         cfg = WorkerConfig(loader.dataset, self._iterable, loader._auto_collation,
                            loader.batch_size, loader.drop_last, loader._pooled_collate(), None, 0,
-                           0, loader.on_error, "none")
+                           self._seed, loader.on_error, "none")
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
         self._maker.reset_iterator()
         self._sampler_iter = None if self._iterable else iter(self._index_sampler)
@@ -389,7 +392,7 @@ class _WorkerIter(_IterBase):
         self._cfg = WorkerConfig(
             loader.dataset, self._iterable, loader._auto_collation, loader.batch_size,
             loader.drop_last, loader._pooled_collate(), loader.worker_init_fn,
-            loader.num_workers, _base_seed(loader), loader.on_error,
+            loader.num_workers, self._seed, loader.on_error,
             self._ctx.get_start_method())
         self._epoch = 0
         self._start_workers()

@@ -174,8 +174,9 @@ class BatchMaker:
         """Copy every array of an already-built batch into the slot."""
         arrays: list = []
         metas: list = []
-        spec = flatten(tree, arrays, metas)
-        leaves = [leaf_of(a) for a in arrays]
+        numbers = "numpy" if convert else False
+        spec = flatten(tree, arrays, metas, numbers)
+        leaves = [leaf_of(a, numbers) for a in arrays]
         out_leaves = [_converted_leaf(l) if convert else l for l in leaves]
         offsets, total = place(out_leaves)
         if total > ref.nbytes:
@@ -186,6 +187,8 @@ class BatchMaker:
             dst = slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
             np.copyto(dst, src.view(leaf.storage_dtype) if src.dtype != leaf.storage_dtype
                       else src, casting="no")
+        if convert:  # default_convert, like default_collate, turns tuples into lists
+            spec = collated_spec(spec)
         return (ref, spec, list(zip(out_leaves, offsets)), metas, 1)
 
     def _rows(self, slot: np.ndarray, leaves: list[Leaf], batch: int) -> tuple | None:
