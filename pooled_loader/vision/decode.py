@@ -10,6 +10,7 @@ the dataset adds the file name.
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Callable, NamedTuple, Union
 
 import numpy as np
@@ -41,7 +42,9 @@ class Header(NamedTuple):
 
 def _pil_open(data: Buffer) -> Image.Image:
     try:
-        return Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():  # MAX_PIXELS is the limit here, not Pillow's warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise SampleError("not an image (no known image format)") from None
     except Image.DecompressionBombError as e:
