@@ -190,7 +190,12 @@ def test_build_is_a_noop_when_complete_and_refuses_another_dataset(jpeg_root, bu
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
-def test_workers_fork_and_spawn(built, ctx):
+def test_workers_fork_and_spawn(jpeg_root, built, ctx, tmp_path):
+    path = str(tmp_path / f"{ctx}.plc")  # building under this start method gives the same file
+    build_cache(front(jpeg_root), path, num_workers=2, multiprocessing_context=ctx,
+                progress=False)
+    for a, b in zip(records(path), records(built), strict=True):
+        assert np.array_equal(a[0], b[0]) and a[1] == b[1]
     ds = CachedDataset(built, transform=RandomCropFlipCHW(24))
     state = pickle.dumps(ds)
     assert len(state) < 4096  # the data is not pickled
@@ -361,6 +366,13 @@ def test_fingerprint_mismatch(jpeg_root, built, tmp_path):
     os.utime(p, ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns + 10**9))
     with pytest.raises(CacheMismatchError, match="files_sha256"):
         CachedDataset(path, expect_fingerprint_of=front(root))
+    # the same files reached through another path (relative, or a moved folder) still match
+    moved = str(tmp_path / "moved")
+    os.rename(root, moved)
+    os.utime(os.path.join(moved, os.path.relpath(p, root)),
+             ns=(os.stat(p.replace(root, moved)).st_atime_ns,
+                 os.stat(p.replace(root, moved)).st_mtime_ns - 10**9))
+    CachedDataset(path, expect_fingerprint_of=front(os.path.relpath(moved)))
 
 
 def test_unfinished_partial_renamed_into_place(jpeg_root, tmp_path):
