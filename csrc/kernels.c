@@ -183,7 +183,7 @@ static void precompute(double in0, double in1, Py_ssize_t in_size, Py_ssize_t ou
  * of a group, so entries near the row's end take the SSE2 route, which never reads past the
  * row. */
 typedef void (*hpass_fn)(const uint8_t *restrict, Py_ssize_t, Py_ssize_t, const int *restrict,
-                         const int16_t *restrict, int, float *restrict);
+                         const int *restrict, const int16_t *restrict, int, float *restrict);
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -249,8 +249,9 @@ static inline __m128 hpass_px_sse2_at(const uint8_t *srow, Py_ssize_t width, con
 }
 
 static void hpass_row_sse2(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
-                           const int *restrict xb, const int16_t *restrict xw, int wstride,
-                           float *restrict dst) {
+                           const int *restrict xb, const int *restrict xm,
+                           const int16_t *restrict xw, int wstride, float *restrict dst) {
+    (void)xm;
 #define PX(j) hpass_px_sse2_at(srow, width, xb, xw, wstride, (j))
     HPASS_ROW_BODY(PX)
 #undef PX
@@ -260,14 +261,13 @@ static void hpass_row_sse2(const uint8_t *restrict srow, Py_ssize_t width, Py_ss
 #define Z -1
 
 __attribute__((target("ssse3"))) static inline __m128 hpass_px_ssse3(
-    const uint8_t *srow, Py_ssize_t width, const int *xb, const int16_t *xw, int wstride,
-    Py_ssize_t j, __m128i m01, __m128i m23) {
-    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    const uint8_t *srow, Py_ssize_t width, const int *xb, const int *xm, const int16_t *xw,
+    int wstride, Py_ssize_t j, __m128i m01, __m128i m23) {
     const int16_t *k = xw + j * (Py_ssize_t)wstride;
-    const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
-    const int groups = (n + 3) >> 2;
+    const uint8_t *p = srow + 3 * (Py_ssize_t)xb[2 * j];
+    const int groups = xm[j]; /* > 0: 16-byte loads stay in the row; 0: near the row's end */
     __m128i acc;
-    if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
+    if (groups > 0) {
         acc = _mm_setzero_si128();
         for (int g = 0; g < groups; g++) {
             __m128i v = _mm_loadu_si128((const __m128i *)(p + 12 * g));
@@ -276,6 +276,7 @@ __attribute__((target("ssse3"))) static inline __m128 hpass_px_ssse3(
             acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(v, m23), _mm_loadu_si128(w + 1)));
         }
     } else {
+        const int x0 = xb[2 * j], n = xb[2 * j + 1];
         acc = hpass_px_sse2(p, n, x0 + n < width, k);
     }
     return _mm_cvtepi32_ps(acc);
@@ -283,33 +284,36 @@ __attribute__((target("ssse3"))) static inline __m128 hpass_px_ssse3(
 
 __attribute__((target("ssse3"))) static void hpass_row_ssse3(
     const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
-    const int16_t *restrict xw, int wstride, float *restrict dst) {
+    const int *restrict xm, const int16_t *restrict xw, int wstride, float *restrict dst) {
     const __m128i m01 = _mm_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z);
     const __m128i m23 = _mm_setr_epi8(6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
-#define PX(j) hpass_px_ssse3(srow, width, xb, xw, wstride, (j), m01, m23)
+#define PX(j) hpass_px_ssse3(srow, width, xb, xm, xw, wstride, (j), m01, m23)
     HPASS_ROW_BODY(PX)
 #undef PX
 }
 
 __attribute__((target("avx2"))) static inline __m128 hpass_px_avx2(
-    const uint8_t *srow, Py_ssize_t width, const int *xb, const int16_t *xw, int wstride,
-    Py_ssize_t j, __m256i m) {
-    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    const uint8_t *srow, Py_ssize_t width, const int *xb, const int *xm, const int16_t *xw,
+    int wstride, Py_ssize_t j, __m256i m) {
     const int16_t *k = xw + j * (Py_ssize_t)wstride;
-    const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
-    const int groups = (n + 3) >> 2;
+    const uint8_t *p = srow + 3 * (Py_ssize_t)xb[2 * j];
+    const int groups = xm[j]; /* > 0: 16-byte loads stay in the row; 0: near the row's end */
     __m128i acc;
-    if (x0 + 4 * (groups - 1) + 6 <= width) { /* the last 16-byte load stays in the row */
+    if (__builtin_expect(groups == 1, 1)) {
         __m256i a = _mm256_madd_epi16(
             _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), m),
             _mm256_loadu_si256((const __m256i *)k));
-        for (int g = 1; g < groups; g++) {
+        acc = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    } else if (groups > 1) {
+        __m256i a = _mm256_setzero_si256();
+        for (int g = 0; g < groups; g++) {
             __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 12 * g)));
             a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_shuffle_epi8(v, m),
                                                       _mm256_loadu_si256((const __m256i *)(k + 16 * g))));
         }
         acc = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     } else {
+        const int x0 = xb[2 * j], n = xb[2 * j + 1];
         acc = hpass_px_sse2(p, n, x0 + n < width, k);
     }
     return _mm_cvtepi32_ps(acc);
@@ -317,10 +321,10 @@ __attribute__((target("avx2"))) static inline __m128 hpass_px_avx2(
 
 __attribute__((target("avx2"))) static void hpass_row_avx2(
     const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow, const int *restrict xb,
-    const int16_t *restrict xw, int wstride, float *restrict dst) {
+    const int *restrict xm, const int16_t *restrict xw, int wstride, float *restrict dst) {
     const __m256i m = _mm256_setr_epi8(0, Z, 3, Z, 1, Z, 4, Z, 2, Z, 5, Z, Z, Z, Z, Z,
                                        6, Z, 9, Z, 7, Z, 10, Z, 8, Z, 11, Z, Z, Z, Z, Z);
-#define PX(j) hpass_px_avx2(srow, width, xb, xw, wstride, (j), m)
+#define PX(j) hpass_px_avx2(srow, width, xb, xm, xw, wstride, (j), m)
     HPASS_ROW_BODY(PX)
 #undef PX
 }
@@ -342,8 +346,9 @@ static const char *hpass_name(hpass_fn f) {
 }
 #else
 static void hpass_row_c(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
-                        const int *restrict xb, const int16_t *restrict xw, int wstride,
-                        float *restrict dst) {
+                        const int *restrict xb, const int *restrict xm,
+                        const int16_t *restrict xw, int wstride, float *restrict dst) {
+    (void)xm;
     float *restrict d0 = dst, *restrict d1 = dst + ow, *restrict d2 = dst + 2 * ow;
     (void)width;
     for (Py_ssize_t j = 0; j < ow; j++) {
@@ -594,7 +599,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     /* rows needed at once never exceed ky, so a ring of ky rows holds every live row */
     const Py_ssize_t rowlen = 3 * ow;
 #define ALIGN64(n) ((((size_t)(n)) + 63) & ~(size_t)63)
-    const size_t sz_xb = ALIGN64(sizeof(int) * 2 * (size_t)ow);
+    const size_t sz_xb = ALIGN64(sizeof(int) * 3 * (size_t)ow); /* bounds, then modes */
     const size_t sz_xw = ALIGN64(sizeof(float) * (size_t)ow * (size_t)(4 * kx4));
     const size_t sz_yb = ALIGN64(sizeof(int) * 2 * (size_t)oh);
     const size_t sz_yw = ALIGN64(sizeof(float) * (size_t)oh * (size_t)ky);
@@ -609,6 +614,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         goto done;
     }
     int *xb = (int *)base;
+    int *xm = xb + 2 * ow;
     int16_t *xw = (int16_t *)(base + sz_xb);
     float *xwf = (float *)(base + sz_xb);
     int *yb = (int *)(base + sz_xb + sz_xw);
@@ -631,6 +637,12 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         precompute((double)bx, (double)(bx + bw), W, ow, kx, 4 * kx4, flip, xb, NULL, 0.f, xw, ktmp);
     else
         precompute((double)bx, (double)(bx + bw), W, ow, kx, kx2, flip, xb, xwf, 1.0f, NULL, ktmp);
+    /* per output column, row-independent: groups of 4 taps, or 0 when a 16-byte load from
+     * the group's first pixel would pass the end of the row (those take the SSE2 route) */
+    for (Py_ssize_t j = 0; j < ow; j++) {
+        const int groups = (xb[2 * j + 1] + 3) >> 2;
+        xm[j] = xb[2 * j] + 4 * (groups - 1) + 6 <= W ? groups : 0;
+    }
     precompute((double)by, (double)(by + bh), H, oh, ky, ky, 0, yb, yw,
                use_int ? 1.0f / (float)(1 << QBITS) : 1.0f, NULL, ktmp);
     Py_ssize_t next_row = yb[0]; /* first source row not yet in the ring */
@@ -642,7 +654,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         for (; next_row < r0 + n; next_row++) {
             float *dst = ring + (next_row % ky) * rowlen;
             if (use_int)
-                hpass_row(sbase + next_row * sstride, W, ow, xb, xw, 4 * kx4, dst);
+                hpass_row(sbase + next_row * sstride, W, ow, xb, xm, xw, 4 * kx4, dst);
             else
                 hpass_row_f32(sbase + next_row * sstride, ow, xb, xwf, kx2, dst);
         }
