@@ -101,10 +101,12 @@ class Compose:
 
     ``x`` is encoded image bytes when the first op is :class:`DecodeImage`, else an HWC array.
     Without ``out`` (or with one of another shape/dtype) the result is a new array.
+    ``dct_scaling=False`` always decodes JPEGs at full size (slower; for comparisons).
     """
 
-    def __init__(self, ops: Sequence[Op]) -> None:
+    def __init__(self, ops: Sequence[Op], dct_scaling: bool = True) -> None:
         self.ops = list(ops)
+        self.dct_scaling = dct_scaling
         for op in self.ops:
             if not isinstance(op, Op):
                 raise TypeError(f"Compose takes pooled_loader.vision ops, got {op!r}")
@@ -171,7 +173,7 @@ class Compose:
             full = (hdr.height, hdr.width)
             if self._stages and isinstance(self._stages[0], _Resample):
                 first_box = self._stages[0].op.sample(*full)
-                factor = dct_factor(*first_box) if hdr.jpeg else 1
+                factor = dct_factor(*first_box) if hdr.jpeg and self.dct_scaling else 1
                 # size the buffer for this image's full decode, so that once every image has
                 # been seen, whichever scale a later crop picks, nothing is allocated again
                 self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
