@@ -301,9 +301,10 @@ class WebDataset(IterableDataset):
             first, start = 0, 0
         return quota, shards, first, start
 
-    def _raw(self, shards: list[str], first: int, skip: int) -> Iterator[Sample]:
+    def _raw(self, shards: list[str], first: int, skip: int, visits: list[int]) -> Iterator[Sample]:
         """Samples of ``shards`` from ``shards[first]`` (passing over ``skip`` samples in it),
-        wrapping round forever; raises once a whole pass over the shards yielded nothing."""
+        wrapping round forever; counts finished shard visits in ``visits[0]``; raises once a
+        whole pass over the shards read nothing."""
         i, idle = first, 0
         while True:
             url = shards[i]
@@ -320,6 +321,7 @@ class WebDataset(IterableDataset):
                 where = f"after key {key!r}" if key is not None else "at the start"
                 self._fail(url, f"{_reason(exc)} ({where})", exc)
             skip = 0
+            visits[0] += 1
             idle = 0 if got else idle + (not passing)
             if idle >= len(shards):
                 raise SampleError(f"no readable sample in a whole pass over {len(shards)} "
@@ -347,11 +349,18 @@ class WebDataset(IterableDataset):
         rank, _ = self._current_rank_world()
         info = get_worker_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
-        raw = self._raw(shards, first, skip)
-        done = 0
+        visits = [0]
+        raw = self._raw(shards, first, skip, visits)
+        done, mark = 0, 0
         while done < quota:  # first round: this worker's piece; later rounds replace skips
+            before = done
             for sample in _shuffled(islice(raw, quota - done), self.shuffle_buffer, rng):
                 ok, out = self._apply(sample)
                 if ok:
                     done += 1
                     yield out
+            if done > before:
+                mark = visits[0]
+            elif visits[0] - mark > len(shards):
+                raise SampleError(f"no usable sample in a whole pass over {len(shards)} shards "
+                                  f"(first: {shards[0]}); {self.skipped} skipped")
