@@ -272,15 +272,28 @@ def test_imagefolder_eval_pipeline_float(folder):
     assert np.abs(img - ref).mean() * 255 * 0.226 <= 2.0  # mean abs diff <= 2 levels
 
 
-def test_through_pooled_loader(folder):
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_through_pooled_loader(folder, workers):
     torch = pytest.importorskip("torch")
     from pooled_loader import PooledLoader
 
-    ds = ImageFolder(folder, transform=train_tf())
-    loader = PooledLoader(ds, batch_size=4, num_workers=0)
-    n = 0
-    for x, y in loader:
+    # deterministic pipeline: every batch row must equal the dataset's own item
+    ds = ImageFolder(folder, transform=Compose([DecodeImage(), Resize(256), CenterCrop(224),
+                                                ToCHW()]))
+    xs, ys = [], []
+    for x, y in PooledLoader(ds, batch_size=3, num_workers=workers, timeout=60):
         assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, 224, 224)
         assert y.dtype == torch.int64 and len(y) == len(x)
+        xs.append(x.numpy().copy())
+        ys.extend(y.tolist())
+    assert ys == ds.targets
+    expected = np.stack([ds[i][0] for i in range(len(ds))])
+    assert np.array_equal(np.concatenate(xs), expected)
+    ds.transform = Compose([DecodeImage(), RandomResizedCrop(224), RandomHorizontalFlip(),
+                            ToCHW()])
+    n = 0
+    for x, y in PooledLoader(ds, batch_size=4, num_workers=workers, shuffle=True, timeout=60):
+        assert tuple(x.shape[1:]) == (3, 224, 224) and x.dtype == torch.uint8
         n += len(y)
     assert n == len(ds)
