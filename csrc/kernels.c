@@ -152,8 +152,9 @@ static void precompute(double in0, double in1, Py_ssize_t in_size, Py_ssize_t ou
             int32_t sum = 0;
             Py_ssize_t big = 0;
             int32_t *q = (int32_t *)(k + ksize); /* k has room for 2*ksize doubles */
+            const double qs = (double)(1 << QBITS) / ww;
             for (Py_ssize_t x = lo; x < hi; x++) {
-                q[x - lo] = (int32_t)floor(k[x] / ww * (1 << QBITS) + 0.5);
+                q[x - lo] = (int32_t)(k[x] * qs + 0.5); /* >= 0: truncation rounds */
                 sum += q[x - lo];
                 if (k[x] > k[big + lo]) big = x - lo;
             }
@@ -165,7 +166,8 @@ static void precompute(double in0, double in1, Py_ssize_t in_size, Py_ssize_t ou
             }
         } else {
             float *wj = wf + j * (Py_ssize_t)wstride;
-            for (Py_ssize_t x = lo; x < hi; x++) wj[x - lo] = (float)(k[x] / ww) * fscale;
+            const double inv = 1.0 / ww;
+            for (Py_ssize_t x = lo; x < hi; x++) wj[x - lo] = (float)(k[x] * inv) * fscale;
             for (Py_ssize_t x = hi - lo; x < wstride; x++) wj[x] = 0.0f;
         }
     }
