@@ -204,12 +204,13 @@ class Compose:
                 flip = st.flip.draw() if st.flip is not None else False
                 nspec = self._plan(k, spec, hw)
                 dst = self._dst(k, nspec, out, last)
+                if cur.dtype != np.uint8:
+                    raise TypeError(f"{st.op!r} expects a uint8 image, got {cur.dtype}")
                 if st.chw:
-                    if cur.dtype != np.uint8 or not (cur.strides[2] == 1 and cur.strides[1] == 3):
-                        cur = np.ascontiguousarray(cur, np.uint8)
-                    norm = st.norm
-                    crop_resize_flip_chw(cur, box, dst, flip, norm and norm.mean,
-                                         norm and norm.std)
+                    if cur.strides[1:] != (cur.shape[2], 1):  # the kernel wants packed pixels
+                        cur = np.ascontiguousarray(cur)
+                    mean, std = (st.norm.mean, st.norm.std) if st.norm else (None, None)
+                    crop_resize_flip_chw(cur, box, dst, flip, mean, std)
                 else:
                     resize_hwc(cur, box, dst)
                     if flip:

@@ -46,10 +46,13 @@ class Op:
         raise NotImplementedError
 
     def __call__(self, x: object, out: np.ndarray | None = None) -> np.ndarray:
-        """Run this op alone (as a one-op Compose)."""
-        from pooled_loader.vision.compose import Compose
+        """Run this op alone (as a one-op Compose, kept for reuse)."""
+        alone = self.__dict__.get("_alone")
+        if alone is None:
+            from pooled_loader.vision.compose import Compose
 
-        return Compose([self])(x, out=out)
+            alone = self._alone = Compose([self])
+        return alone(x, out=out)
 
 
 def _pair(size: Size, name: str) -> tuple[int, int]:
