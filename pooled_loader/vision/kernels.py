@@ -263,5 +263,10 @@ def crop_resize_flip_chw(src, box, out, flip=False, mean=None, std=None):
     ``out``'s (oh, ow), mirror it when ``flip``, and write it as CHW into ``out`` (uint8, or
     float32 normalized with ``mean``/``std``). Returns ``out``. See the module docstring."""
     if _kernels is not None:
-        return crop_resize_flip_chw_c(src, box, out, flip, mean, std)
+        try:  # same fast path as crop_resize_flip_chw_c, one Python call less
+            x0, y0, w, h = box
+            _kernels.crop_resize_flip_chw(src, x0, y0, w, h, out, flip, mean, std)
+            return out
+        except (TypeError, ValueError, BufferError):
+            return crop_resize_flip_chw_c(src, box, out, flip, mean, std)
     return crop_resize_flip_chw_opencv(src, box, out, flip, mean, std)
