@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data._utils import worker as torch_worker
 
-from .layout import (Leaf, as_numpy, collated_spec, empty_like_tree, flatten, leaf_of, place,
-                     same_structure)
+from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
+                     flatten, leaf_of, place, same_structure)
 from .pool import ArenaMap, SlotRef
 
 MAX_REPLACEMENTS = 16
@@ -230,24 +230,29 @@ class BatchMaker:
         meta_columns = [[m] for m in metas]
         if pending is None:
             self._write_row(rows, 0, arrays)
+        checks = [_leaf_check(a, l) for a, l in zip(arrays, leaves)]
         for j in range(1, batch):
             sample = sample_at(j, rows if pending is None else None)
             s_arrays: list = []
             s_metas: list = []
-            s_spec = flatten(sample, s_arrays, s_metas, numbers=True)
-            s_leaves = [leaf_of(a, numbers=True) for a in s_arrays]
-            if s_leaves != leaves or not same_structure(s_spec, spec):
+            try:
+                extract(spec, sample, s_arrays, s_metas)
+                if len(s_arrays) != len(leaves):
+                    raise StructureMismatch
+                if pending is not None:
+                    for check, value in zip(checks, s_arrays):
+                        check(value)
+                    pending.append(s_arrays)
+                else:
+                    self._write_row(rows, j, s_arrays, checks)
+            except StructureMismatch:
                 raise RuntimeError(
                     "default_collate: every sample of a batch must have the same structure and "
-                    f"array shapes/dtypes, but sample {items[j] if fetch else j} has "
-                    f"{[(l.shape, l.dtype) for l in s_leaves]} and sample "
-                    f"{items[0] if fetch else 0} has {[(l.shape, l.dtype) for l in leaves]}")
+                    f"array shapes/dtypes, but sample {items[j] if fetch else j} differs from "
+                    f"sample {items[0] if fetch else 0}: "
+                    f"{_describe(sample)} vs {_describe(first)}") from None
             for col, m in zip(meta_columns, s_metas):
                 col.append(m)
-            if pending is not None:
-                pending.append(s_arrays)
-            else:
-                self._write_row(rows, j, s_arrays)
         if pending is not None:
             total = place([_collated_leaf(l, batch) for l in leaves])[1]
             ref = self.request_slot(task_id, total, ref)
@@ -258,15 +263,56 @@ class BatchMaker:
         return (ref, collated_spec(spec), list(zip(out_leaves, offsets)), meta_columns, batch)
 
     @staticmethod
-    def _write_row(rows: tuple, j: int, arrays: list) -> None:
-        for view, value in zip(rows[2], arrays):
-            dst = view[j, ...]
-            if _data_ptr(value) == dst.__array_interface__["data"][0]:
+    def _write_row(rows: tuple, j: int, arrays: list, checks: list | None = None) -> None:
+        for k, (view, value) in enumerate(zip(rows[2], arrays)):
+            if checks is not None:
+                value = checks[k](value)
+            else:
+                value = as_numpy(value)
+            if not value.shape:  # a number: one element of a 1-d leaf
+                view[j] = value
+                continue
+            dst = view[j]
+            if value.__array_interface__["data"][0] == dst.__array_interface__["data"][0]:
                 continue  # written in place by getitem_into
-            src = as_numpy(value)
-            if src.dtype != dst.dtype:
-                src = src.view(dst.dtype)
-            np.copyto(dst, src, casting="no")
+            np.copyto(dst, value, casting="no")
+
+
+def _leaf_check(first: Any, leaf: Leaf) -> Callable[[Any], np.ndarray]:
+    """A fast check-and-convert for later samples' values of the leaf `first` started: same
+    kind, shape and dtype, or StructureMismatch (default_collate would stack or promote them;
+    we never truncate silently)."""
+    storage = leaf.storage_dtype
+    shape = leaf.shape
+    if type(first) in (int, float, bool):
+        expected = type(first)
+
+        def check_number(value: Any) -> np.ndarray:
+            if type(value) is not expected:
+                raise StructureMismatch
+            return np.asarray(value, dtype=storage)
+        return check_number
+
+    def check_array(value: Any) -> np.ndarray:
+        if type(value) is not np.ndarray:
+            if not isinstance(value, (np.ndarray, np.generic, torch.Tensor)):
+                raise StructureMismatch
+            value = as_numpy(value)
+        if value.shape != shape:
+            raise StructureMismatch
+        if value.dtype != storage:
+            if leaf.dtype != "bfloat16":
+                raise StructureMismatch
+            value = value.view(storage)
+        return value
+    return check_array
+
+
+def _describe(sample: Any) -> str:
+    arrays: list = []
+    metas: list = []
+    flatten(sample, arrays, metas, numbers=True)
+    return str([(tuple(l.shape), l.dtype) for l in map(lambda a: leaf_of(a, True), arrays)])
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
