@@ -8,7 +8,7 @@ scikit-image's photos), against Pillow's
   non-square, odd sizes, 1-pixel boxes), mean abs diff 0.00-0.20 (Pillow rounds its intermediate
   to uint8; we keep it exact).  Asserted: mean <= 1.0, max <= 3 (the brief), and in fact max <= 1.
 - OpenCV path vs compiled path, RandomResizedCrop-like boxes (8-100% of the area, aspect 3/4-4/3,
-  out 224x224): mean abs diff 0.3-0.65 on average, at most 1.1 for one box; max abs diff up to
+  out 224x224): mean abs diff 0.3-0.7 on average, at most 1.1 for one box; max abs diff up to
   ~55 at sharp edges (different filter, and OpenCV clamps at the box edge where Pillow reads the
   pixels just outside it).  Asserted: mean <= 1.5 per box on RRC boxes, mean <= 2.0 for the
   fixed cases with downscale factors up to 4x.  The gap grows with the factor, as INTER_AREA's
