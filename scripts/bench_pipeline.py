@@ -3,10 +3,12 @@
 
     python scripts/bench_pipeline.py [DIR] [--n 400] [--reps 5] [--upscale K]
 
-DIR is an ImageFolder of JPEGs (default: /tmp/pl_vision_data, made with scripts/make_dataset.py
-if missing: ImageNet-like, short side 256..512). ``--upscale K`` first writes a copy of DIR with
+DIR is an ImageFolder of JPEGs (default: data/imagenet2k, made with scripts/make_dataset.py if
+missing: 2000 ImageNet-like images, short side 256..512). ``--upscale K`` first writes a copy of DIR with
 every image enlarged K times (bicubic, plus a little noise for photo-like entropy; JPEG q90) to
-DIR_xK and benchmarks that: photo-sized images, where DCT-domain downscaling matters. Single process, one thread; each row is the median over ``--reps`` passes over the
+DIR_xK and benchmarks that: photo-sized images, where DCT-domain downscaling matters.
+
+Single process, one thread; each row is the median over ``--reps`` passes over the
 images (read into memory first, except the ImageFolder row) of images/s by CPU time of this
 process (robust on a shared machine) and by wall clock. Rows:
 
@@ -31,7 +33,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
@@ -70,7 +72,7 @@ def _upscaled_copy(src: str, k: float, n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", nargs="?", default="/tmp/pl_vision_data")
+    p.add_argument("dir", nargs="?", default=os.path.join(ROOT, "data", "imagenet2k"))
     p.add_argument("--n", type=int, default=400, help="images used (default 400)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--upscale", type=float, default=0, help="benchmark an enlarged copy of DIR")
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.path.join(ROOT, "scripts"))
         from make_dataset import make_dataset
 
-        make_dataset(a.dir, n=a.n, classes=10, progress=False)
+        make_dataset(a.dir, n=max(a.n, 2000), classes=10, progress=False)
     if a.upscale:
         a.dir = _upscaled_copy(a.dir, a.upscale, a.n)
     ds = ImageFolder(a.dir)
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     n_dct = tf_on.stats()["dct_scaled"]
     calls = (a.reps * len(datas) + 20)
     print(f"DCT-scaled decodes: {n_dct}/{calls} ({100 * n_dct / calls:.0f}%); "
-          f"gain from DCT scaling: {results['pooled (DCT scaling on)'] / results['pooled, DCT scaling off']:.2f}x")
+          f"gain from DCT scaling: "
+          f"{results['pooled (DCT scaling on)'] / results['pooled, DCT scaling off']:.2f}x")
     return 0
 
 

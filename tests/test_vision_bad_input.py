@@ -45,7 +45,8 @@ def sof_patched(data: bytes, width: int, height: int) -> bytes:
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG that claims width x height but holds a few bytes of pixel data."""
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        crc = zlib.crc32(kind + body)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)

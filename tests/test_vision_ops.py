@@ -76,7 +76,8 @@ def test_simple_ops_values():
     padded = CenterCrop(16)(small)  # torchvision pads a too-small image with zeros
     assert padded[3:13, 2:14].tolist() == small.tolist() and padded[:3].max() == 0
     norm = Compose([ToCHW(), Normalize(MEAN, STD)])(img)
-    ref = (img.transpose(2, 0, 1) / 255.0 - np.array(MEAN)[:, None, None]) / np.array(STD)[:, None, None]
+    m, s = np.array(MEAN)[:, None, None], np.array(STD)[:, None, None]
+    ref = (img.transpose(2, 0, 1) / 255.0 - m) / s
     assert norm.dtype == np.float32 and np.abs(norm - ref).max() < 1e-5
 
 
@@ -267,7 +268,8 @@ def test_imagefolder_eval_pipeline_float(folder):
     W, H = ref.size
     left, top = int(round((W - 224) / 2)), int(round((H - 224) / 2))
     ref = np.asarray(ref.crop((left, top, left + 224, top + 224)), np.float32)
-    ref = (ref.transpose(2, 0, 1) / 255 - np.array(MEAN)[:, None, None]) / np.array(STD)[:, None, None]
+    m, s = np.array(MEAN)[:, None, None], np.array(STD)[:, None, None]
+    ref = (ref.transpose(2, 0, 1) / 255 - m) / s
     assert img.dtype == np.float32
     assert np.abs(img - ref).mean() * 255 * 0.226 <= 2.0  # mean abs diff <= 2 levels
 

@@ -11,7 +11,8 @@ change which crops and flips a seed gives.
 Per process, each stage's output spec is computed once per input spec (a small cache) and its
 buffer is a grow-only scratch buffer; the decode buffer is sized for the image's full-size decode
 (up to 64 MiB) whatever scale is used, so once every image has been seen nothing is allocated per
-sample (see ``stats()``). The last stage writes into the caller's ``out`` when shape and dtype match.
+sample (see ``stats()``). The last stage writes into the caller's ``out`` when shape and dtype
+match.
 """
 from __future__ import annotations
 
@@ -40,14 +41,12 @@ class _Resample(NamedTuple):
     chw: bool
     norm: Normalize | None
 
-    def spec(self, hw: tuple[int, int], spec: Spec) -> Spec:
-        c = spec.shape[2]
-        if self.norm is not None:
-            self.norm.spec(Spec((c, *hw), spec.dtype, "CHW"))  # validates the channel count
-            return Spec((c, *hw), np.dtype(np.float32), "CHW")
+    def spec(self, spec: Spec) -> Spec:
+        """The output of the resize and the ops folded into it, from their own declarations."""
+        spec = self.op.spec(spec)
         if self.chw:
-            return Spec((c, *hw), spec.dtype, "CHW")
-        return Spec((*hw, c), spec.dtype, "HWC")
+            spec = ToCHW().spec(spec)
+        return self.norm.spec(spec) if self.norm is not None else spec
 
 
 def _stages(ops: Sequence[Op]) -> list:
@@ -139,13 +138,13 @@ class Compose:
     # -- planning
 
     def _plan(self, k: int, spec: Spec, hw: tuple[int, int] | None = None) -> Spec:
-        """Stage k's output spec for input ``spec`` (and resize target ``hw``), cached."""
+        """Stage k's output spec for input ``spec``, cached; ``hw``: a resize's output size."""
         st = self._stages[k]
         # a resize's output depends on the target size and channels, not on the input's size
         key = (k, spec.shape[2:], spec.dtype, spec.layout, hw) if hw else (k, spec)
         out = self._plans.get(key)
         if out is None:
-            out = st.spec(hw, spec) if isinstance(st, _Resample) else st.spec(spec)
+            out = st.spec(spec)
             self._plans[key] = out
             self.plans_made += 1
             if len(self._plans) > _PLAN_CACHE * max(1, len(self._stages)):
@@ -167,20 +166,21 @@ class Compose:
     def __call__(self, x: Buffer | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if os.getpid() != self._pid:  # a forked worker: its own buffers
             self._reset()
-        first_box = None
+        fused = None
         if self._decode:
             hdr = read_header(x)
             full = (hdr.height, hdr.width)
             if self._stages and isinstance(self._stages[0], _Resample):
-                first_box = self._stages[0].op.sample(*full)
-                factor = dct_factor(*first_box) if hdr.jpeg and self.dct_scaling else 1
+                box, hw = self._stages[0].op.sample(*full)
+                factor = dct_factor(box, hw) if hdr.jpeg and self.dct_scaling else 1
                 # size the buffer for this image's full decode, so that once every image has
                 # been seen, whichever scale a later crop picks, nothing is allocated again
                 self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
                 img = decode_into(x, hdr, lambda n: self.scratch.flat("decode", n), factor)
                 if img.shape[:2] != full:
                     self.dct_scaled += 1
-                    first_box = (scale_box(first_box[0], full, img.shape[:2]), first_box[1])
+                    box = scale_box(box, full, img.shape[:2])
+                fused = (box, hw, full)
             else:
                 spec = Spec((*full, 3), np.dtype(np.uint8), "HWC")
                 dst = self._dst(-1, spec, out, not self._stages)
@@ -190,22 +190,25 @@ class Compose:
             img = np.asarray(x)
             if img.ndim == 2:
                 img = img[:, :, None]
-        return self._run(img, first_box, out)
+        return self._run(img, fused, out)
 
-    def _run(self, cur: np.ndarray, first_box, out: np.ndarray | None) -> np.ndarray:
+    def _run(self, cur: np.ndarray, fused: tuple | None, out: np.ndarray | None) -> np.ndarray:
+        """Stages from the first; ``fused``: (box on cur, output hw, full-size hw) already
+        sampled for stage 0 by the fused decode."""
         spec = Spec(cur.shape, cur.dtype, "HWC")
         n = len(self._stages)
         for k, st in enumerate(self._stages):
             last = k == n - 1
             if isinstance(st, _Resample):
-                if spec.layout != "HWC":
-                    raise ValueError(f"{st.op!r} expects an HWC image, got {spec.layout}")
-                box, hw = first_box if k == 0 and first_box else st.op.sample(*cur.shape[:2])
+                if k == 0 and fused:  # fused with the decode: sampled on the full size
+                    box, hw, src_hw = fused
+                else:
+                    src_hw = cur.shape[:2]
+                    box, hw = st.op.sample(*src_hw)
                 flip = st.flip.draw() if st.flip is not None else False
-                nspec = self._plan(k, spec, hw)
+                # validates (HWC uint8); the input's own size only matters through hw
+                nspec = self._plan(k, Spec((*src_hw, *spec.shape[2:]), spec.dtype, spec.layout), hw)
                 dst = self._dst(k, nspec, out, last)
-                if cur.dtype != np.uint8:
-                    raise TypeError(f"{st.op!r} expects a uint8 image, got {cur.dtype}")
                 if st.chw:
                     if cur.strides[1:] != (cur.shape[2], 1):  # the kernel wants packed pixels
                         cur = np.ascontiguousarray(cur)

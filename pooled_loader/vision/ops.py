@@ -76,11 +76,19 @@ def _hwc(spec: Spec, op: str) -> tuple[int, int, int]:
 class Resampler(Op):
     """An op that resizes a box of its input: ``sample(h, w) -> (box, (out_h, out_w))``."""
 
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        """Output (height, width) for an h x w input."""
+        raise NotImplementedError
+
     def sample(self, h: int, w: int) -> tuple[Box, tuple[int, int]]:
+        """The box to resize (drawing from ``random`` if the op is random) and the output size."""
         raise NotImplementedError
 
     def spec(self, spec: Spec) -> Spec:
-        raise TypeError("a resizing op's output size comes from sample(h, w)")
+        h, w, c = _hwc(spec, type(self).__name__)
+        if spec.dtype != np.uint8:
+            raise ValueError(f"{type(self).__name__} expects uint8, got {spec.dtype}")
+        return Spec((*self.out_hw(h, w), c), spec.dtype, "HWC")
 
 
 class RandomResizedCrop(Resampler):
@@ -120,6 +128,9 @@ class RandomResizedCrop(Resampler):
             cw, ch = w, h
         return (w - cw) // 2, (h - ch) // 2, cw, ch
 
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        return self.size
+
     def sample(self, h: int, w: int) -> tuple[Box, tuple[int, int]]:
         return self.box(h, w), self.size
 
@@ -128,7 +139,8 @@ class RandomResizedCrop(Resampler):
 
 
 class Resize(Resampler):
-    """Resize keeping the aspect: shorter side to ``size`` and/or longer side capped at ``max_side``.
+    """Resize keeping the aspect: shorter side to ``size`` and/or longer side capped at
+    ``max_side``.
 
     ``size`` may also be (height, width) for an exact size. With only ``max_side``, images whose
     longer side is within it are left as they are.
@@ -149,7 +161,6 @@ class Resize(Resampler):
         self.max_side = max_side
 
     def out_hw(self, h: int, w: int) -> tuple[int, int]:
-        """Output (height, width) for an h x w input."""
         if isinstance(self.size, tuple):
             return self.size
         short, long = (w, h) if w <= h else (h, w)
@@ -190,7 +201,7 @@ class RandomHorizontalFlip(Op):
 
 
 class CenterCrop(Op):
-    """Crop the centre ``size`` (int or (height, width)); pads with zeros if the image is smaller."""
+    """Crop the centre ``size`` (int or (height, width)); zero-pads an image smaller than that."""
 
     def __init__(self, size: Size) -> None:
         self.size = _pair(size, "size")
