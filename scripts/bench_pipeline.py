@@ -15,6 +15,7 @@ process (robust on a shared machine) and by wall clock. Rows:
 - pooled: Compose([DecodeImage(), RandomResizedCrop(224), RandomHorizontalFlip(), ToCHW()])
   writing into one reused output (what a PooledLoader worker does per sample);
 - pooled, DCT scaling off: the same, always decoding at full size (the naive full decode);
+- pooled, DecodeImage(fast): libjpeg-turbo's fast IDCT and upsampling (about 1 level off);
 - ImageFolder.getitem_into: the pooled row plus reading the file into the reused buffer;
 - decode only: simplejpeg full-size decode into a reused buffer (the floor of the naive path);
 - Pillow reference: PIL decode (draft off), resize(BILINEAR, box), flip, to CHW uint8 (what
@@ -103,12 +104,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{kernels.BACKEND}; one process, one thread; median of {a.reps} passes; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
-    def pipeline(dct: bool) -> Compose:
-        return Compose([DecodeImage(), RandomResizedCrop(224), RandomHorizontalFlip(), ToCHW()],
-                       dct_scaling=dct)
+    def pipeline(dct: bool, fast: bool = False) -> Compose:
+        return Compose([DecodeImage(fast), RandomResizedCrop(224), RandomHorizontalFlip(),
+                        ToCHW()], dct_scaling=dct)
 
     out = np.empty((3, 224, 224), np.uint8)
-    tf_on, tf_off = pipeline(True), pipeline(False)
+    tf_on, tf_off, tf_fast = pipeline(True), pipeline(False), pipeline(True, fast=True)
     ds.transform = pipeline(True)
     buf = np.empty(64 << 20, np.uint8)
     rrc = RandomResizedCrop(224)
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("pooled (DCT scaling on)", lambda d: tf_on(d, out=out), datas),
         ("pooled, DCT scaling off", lambda d: tf_off(d, out=out), datas),
+        ("pooled, DecodeImage(fast)", lambda d: tf_fast(d, out=out), datas),
         ("ImageFolder.getitem_into", lambda i: ds.getitem_into(i, (out, None)),
          list(range(len(ds)))),
         ("decode only (full size)", decode_only, datas),

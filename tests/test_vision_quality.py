@@ -178,6 +178,14 @@ def test_hwc_resize_matches_pillow(ratio):
     assert np.abs(out.astype(np.int16) - ref).mean() <= TOL
 
 
+def test_fast_decode_is_close():
+    data = imgutil.jpeg("coffee", (600, 400), 90)
+    exact, fast = Compose([DecodeImage()])(data), Compose([DecodeImage(fast=True)])(data)
+    ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert np.array_equal(exact, ref)  # the same libjpeg-turbo settings as Pillow: identical
+    assert 0 < np.abs(fast.astype(np.int16) - ref).mean() <= TOL
+
+
 @pytest.mark.parametrize("mode", ["L", "CMYK"])
 def test_grey_and_cmyk_jpegs_decode_like_pillow(mode):
     data = imgutil.jpeg("chelsea", (451, 300), 90, mode=mode)

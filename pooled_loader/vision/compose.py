@@ -176,7 +176,8 @@ class Compose:
                 # size the buffer for this image's full decode, so that once every image has
                 # been seen, whichever scale a later crop picks, nothing is allocated again
                 self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
-                img = decode_into(x, hdr, lambda n: self.scratch.flat("decode", n), factor)
+                img = decode_into(x, hdr, lambda n: self.scratch.flat("decode", n), factor,
+                                  self.ops[0].fast)
                 if img.shape[:2] != full:
                     self.dct_scaled += 1
                     box = scale_box(box, full, img.shape[:2])
@@ -185,7 +186,7 @@ class Compose:
                 spec = Spec((*full, 3), np.dtype(np.uint8), "HWC")
                 dst = self._dst(-1, spec, out, not self._stages)
                 flat = dst.reshape(-1)
-                img = decode_into(x, hdr, lambda n: flat)
+                img = decode_into(x, hdr, lambda n: flat, fast=self.ops[0].fast)
         else:
             img = np.asarray(x)
             if img.ndim == 2:

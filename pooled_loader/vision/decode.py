@@ -79,11 +79,14 @@ def _check_pixels(h: int, w: int) -> None:
                           f"{MAX_PIXELS} pixels")
 
 
-def decode_into(data: Buffer, header: Header, alloc: Alloc, factor: int = 1) -> np.ndarray:
+def decode_into(data: Buffer, header: Header, alloc: Alloc, factor: int = 1,
+                fast: bool = False) -> np.ndarray:
     """Decode to an RGB uint8 HWC array in memory from ``alloc``, downscaled by about 1/factor.
 
     ``factor`` must be one of JPEG_SCALES; it applies to JPEGs only (other formats decode at full
     size). Callers map coordinates through the returned array's shape, not through ``factor``.
+    ``fast``: libjpeg-turbo's fast integer IDCT and chroma upsampling (a few % faster, about one
+    level less accurate).
     """
     if factor not in JPEG_SCALES:
         raise ValueError(f"factor must be one of {JPEG_SCALES}, got {factor}")
@@ -93,7 +96,8 @@ def decode_into(data: Buffer, header: Header, alloc: Alloc, factor: int = 1) -> 
         buf = alloc(h * w * 3)
         try:
             img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_factor=factor,
-                                         min_height=h, min_width=w, buffer=buf)
+                                         min_height=h, min_width=w, buffer=buf,
+                                         fastdct=fast, fastupsample=fast)
         except ValueError as e:
             raise SampleError(f"corrupt JPEG: {e}") from None
         if img.shape != (h, w, 3):  # cannot happen with libjpeg-turbo's scaling factors
@@ -122,8 +126,12 @@ class DecodeImage(Op):
 
     Placed first in a :class:`~pooled_loader.vision.Compose` and followed by a resizing crop, it is
     fused with it: the crop is sampled from the header's size and the JPEG is decoded at the
-    smallest DCT scale that keeps the crop at least as large as the output.
+    smallest DCT scale that keeps the crop at least as large as the output. ``fast=True`` uses
+    libjpeg-turbo's fast IDCT and upsampling (a few % faster, about one level less accurate).
     """
+
+    def __init__(self, fast: bool = False) -> None:
+        self.fast = bool(fast)
 
     def spec(self, spec: Spec) -> Spec:
         raise TypeError("DecodeImage's output depends on the data: use header_spec(data)")
@@ -135,8 +143,8 @@ class DecodeImage(Op):
 
     def apply(self, x: Buffer, out: np.ndarray, params: object, spec: Spec) -> np.ndarray:
         flat = out.reshape(-1)  # out is C-contiguous: a view
-        decode_into(x, read_header(x), lambda n: flat)
+        decode_into(x, read_header(x), lambda n: flat, fast=self.fast)
         return out
 
     def __repr__(self) -> str:
-        return "DecodeImage()"
+        return "DecodeImage(fast=True)" if self.fast else "DecodeImage()"
