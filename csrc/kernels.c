@@ -83,7 +83,8 @@ static unsigned char *scratch_get(size_t size) {
             return NULL;
         }
     }
-    if (s->cap < size) {
+    /* grow as needed; give back memory after an outsized call (> 16 MB, 4x what is needed) */
+    if (s->cap < size || (s->cap > ((size_t)16 << 20) && s->cap / 4 > size)) {
         size_t cap = size + size / 4 + 4096;
         void *p = NULL;
         if (posix_memalign(&p, 64, cap) != 0) return NULL;
@@ -606,7 +607,8 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     const Py_ssize_t rowlen = 3 * ow;
 #define ALIGN64(n) ((((size_t)(n)) + 63) & ~(size_t)63)
     const size_t sz_xb = ALIGN64(sizeof(int) * 3 * (size_t)ow); /* bounds, then modes */
-    const size_t sz_xw = ALIGN64(sizeof(float) * (size_t)ow * (size_t)(4 * kx4));
+    const size_t sz_xw = ALIGN64(use_int ? sizeof(int16_t) * (size_t)ow * (size_t)(4 * kx4)
+                                         : sizeof(float) * (size_t)ow * (size_t)kx2);
     const size_t sz_yb = ALIGN64(sizeof(int) * 2 * (size_t)oh);
     const size_t sz_yw = ALIGN64(sizeof(float) * (size_t)oh * (size_t)ky);
     const size_t sz_ring = ALIGN64(sizeof(float) * (size_t)rowlen * (size_t)ky);
