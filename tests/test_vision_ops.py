@@ -255,6 +255,21 @@ def test_imagefolder_samples(folder):
     assert b is out and np.array_equal(a, b)  # both paths give the same sample
 
 
+def test_imagefolder_pickles_without_buffers(folder):
+    """What a spawned worker receives: the index and the pipeline, none of the buffers."""
+    ds = ImageFolder(folder, transform=train_tf())
+    out = np.empty((3, 224, 224), np.uint8)
+    ds.getitem_into(0, (out, None))
+    blob = pickle.dumps(ds)
+    assert len(blob) < 10_000
+    ds2 = pickle.loads(blob)
+    assert ds2.samples == ds.samples and ds2.class_to_idx == ds.class_to_idx
+    random.seed(1)
+    a = ds2.getitem_into(2, (out, None))[0].copy()
+    random.seed(1)
+    assert np.array_equal(a, ds[2][0])
+
+
 def test_imagefolder_eval_pipeline_float(folder):
     tf = Compose([DecodeImage(), Resize(256), CenterCrop(224), ToCHW(), Normalize(MEAN, STD)])
     ds = ImageFolder(folder, transform=tf)

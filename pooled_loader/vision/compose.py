@@ -101,6 +101,8 @@ class Compose:
     ``x`` is encoded image bytes when the first op is :class:`DecodeImage`, else an HWC array.
     Without ``out`` (or with one of another shape/dtype) the result is a new array.
     ``dct_scaling=False`` always decodes JPEGs at full size (slower; for comparisons).
+    The buffers belong to the process (a forked or unpickled copy starts with none); one thread
+    at a time: threads that share a Compose would share its buffers.
     """
 
     def __init__(self, ops: Sequence[Op], dct_scaling: bool = True) -> None:
