@@ -138,7 +138,11 @@ class PooledLoader(DataLoader):
             by another sample drawn from the dataset (reproducibly from the seed and the index),
             so batches keep their size; skips are logged once per sample and counted in
             `stats()["skipped"]`.
-        device: a CUDA device: batches are copied there asynchronously (see `pooled_loader.cuda`).
+        device: a CUDA device: batches arrive there, copied asynchronously on a side stream from
+            the pinned pool (see `pooled_loader.cuda`); "cpu"/None keeps them on the host.
+        device_transform: a callable applied to each batch after the transfer (on the copy
+            stream), e.g. `pooled_loader.cuda.NormalizeImages(mean, std, torch.float16)`; on the
+            host when there is no CUDA device.
         distributed: shard a map-style dataset by rank with DistributedSampler semantics.
     """
 
@@ -150,7 +154,8 @@ class PooledLoader(DataLoader):
                  generator: torch.Generator | None = None, *, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, pool_slots: int | None = None, on_error: str = "raise",
-                 device: Any = None, distributed: bool = False) -> None:
+                 device: Any = None, device_transform: Callable | None = None,
+                 distributed: bool = False) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if pool_slots is not None and pool_slots < 1:
@@ -177,6 +182,7 @@ class PooledLoader(DataLoader):
         self.pool_slots = pool_slots
         self.on_error = on_error
         self.device = torch.device(device) if device is not None else None
+        self.device_transform = device_transform
         self._pool: SlotPool | None = None
         self._stats = LoaderStats()
         self._epoch: int | None = None
@@ -227,6 +233,17 @@ class PooledLoader(DataLoader):
                 f"{s.get('slots')} slots, {s.get('slots_in_use')} in use, grown "
                 f"{s.get('grown')} times; skipped samples: {s['skipped']}.")
 
+    def close(self) -> None:
+        """Stop persistent workers now (they also stop when the loader is garbage collected).
+        Batches still held stay valid; the pool's memory goes when the last one is dropped."""
+        iterator, self._iterator = self._iterator, None
+        stop = getattr(iterator, "_stop", None)
+        if stop is not None:
+            stop()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
     # -- iterator plumbing ---------------------------------------------------------------------
     def _default_slots(self) -> int:
         if self.pool_slots is not None:
@@ -256,8 +273,35 @@ class PooledLoader(DataLoader):
             it = _WorkerIter(self)
         if self.device is not None and self.device.type == "cuda":
             from .cuda import DeviceIter
-            it = DeviceIter(it, self.device)
+            return DeviceIter(it, self.device, depth=self.prefetch_factor or 2,
+                              transform=self.device_transform)
+        if self.device_transform is not None:
+            return _HostTransformIter(it, self.device_transform)
         return it
+
+
+class _HostTransformIter:
+    """device_transform without a CUDA device: applied on the host after each batch."""
+
+    def __init__(self, base: Iterator, transform: Callable) -> None:
+        self.base, self.transform = base, transform
+
+    def __iter__(self) -> "_HostTransformIter":
+        return self
+
+    def __next__(self) -> Any:
+        return self.transform(next(self.base))
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _reset(self, loader: PooledLoader) -> None:
+        self.base._reset(loader)
+
+    def _stop(self) -> None:
+        stop = getattr(self.base, "_stop", None)
+        if stop is not None:
+            stop()
 
 
 def _base_seed(loader: DataLoader) -> int:

@@ -1,0 +1,26 @@
+"""Command line: `python -m pooled_loader {cache,tune,shards} ...` (each has --help)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "cache": ("pooled_loader.cache", "build, inspect and verify precomputed augmentation caches"),
+    "tune": ("pooled_loader.tune", "find the fastest workers/prefetch/pool/batch settings"),
+    "shards": ("pooled_loader.shards", "write an ImageFolder as WebDataset tar shards"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: python -m pooled_loader COMMAND [ARGS...]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<8}{text}")
+        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
