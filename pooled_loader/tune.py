@@ -1,0 +1,496 @@
+"""Throughput tuning: sweep num_workers, prefetch_factor, pool_slots and batch_size on your data.
+
+    python -m pooled_loader tune --data DIR [--cache PATH] [--budget-s S] [--out DIR]
+                                 [--simulate-step-ms MS] [--workers 1,2,4] [--prefetch 1,2,4]
+                                 [--pool-extra 1,2,4] [--batch-sizes 64,128,256]
+
+The dataset is ``ImageFolder(DIR)`` with the standard training pipeline (DecodeImage,
+RandomResizedCrop 224, RandomHorizontalFlip, ToCHW), or ``CachedDataset(PATH)`` with the random
+tail (RandomResizedCrop + flip + ToCHW, or flip + ToCHW when the cache already stores crops).
+
+Search: coordinate descent. Start from num_workers = CPU count, prefetch_factor 2, the default
+pool (in-flight batches + 2 slots) and the middle batch size; vary one knob at a time with the
+others at the best so far; a change is kept when it is faster by more than ``--tolerance`` (noise
+on a shared machine), or as fast and cheaper (fewer workers, less pool memory). Passes repeat
+while they improve and the budget lasts. Each trial starts a fresh loader (fixed shuffle seed),
+runs warm-up batches, then measures images/s over at most ``--max-batches`` batches or its share of
+the budget (at least ``--min-batches``). ``pool_slots`` is swept as slots beyond the batches in
+flight (``num_workers * prefetch_factor``), so it stays meaningful as the other knobs move.
+
+``--simulate-step-ms`` sleeps that long per batch of the starting batch size (a stand-in training
+step, scaled in proportion for other batch sizes, as a step's time grows with its batch), so the
+figures say whether the loader or the step is the bottleneck at your step time.
+
+Writes ``OUT/tune.json`` (every trial: settings, images/s, wait fraction, worker busy fractions,
+pool slots/occupancy/growth, peak worker RSS, the loader's report) and ``OUT/tune.png``, prints a
+table, the best trial's ``loader.report()`` and the ``PooledLoader(...)`` line to paste.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import time
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .loader import PooledLoader
+
+KNOBS = ("num_workers", "batch_size", "prefetch_factor", "pool_extra")
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One point of the search space. ``pool_extra``: pool slots beyond the batches in flight."""
+
+    num_workers: int
+    batch_size: int
+    prefetch_factor: int
+    pool_extra: int
+
+    @property
+    def pool_slots(self) -> int:
+        """Slots: batches in flight (``num_workers * prefetch_factor``, 1 in-process) + extra."""
+        in_flight = self.num_workers * self.prefetch_factor if self.num_workers else 1
+        return in_flight + self.pool_extra
+
+    def loader_kwargs(self) -> dict:
+        """Keyword arguments for ``PooledLoader`` (besides the dataset)."""
+        kw: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers}
+        if self.num_workers:
+            kw.update(prefetch_factor=self.prefetch_factor, persistent_workers=True)
+        kw["pool_slots"] = self.pool_slots
+        return kw
+
+    def label(self) -> str:
+        return (f"w{self.num_workers} p{self.prefetch_factor} s{self.pool_slots} "
+                f"b{self.batch_size}")
+
+    def cost(self) -> tuple[int, int]:
+        """What a setting costs (workers, pool memory): the cheaper wins a tie."""
+        return self.num_workers, self.pool_slots * self.batch_size
+
+
+def recommended_line(s: Setting) -> str:
+    """The ``PooledLoader(...)`` call to paste for setting ``s``."""
+    kw = s.loader_kwargs()
+    kw = {"batch_size": kw.pop("batch_size"), "shuffle": True, **kw}
+    return "PooledLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+
+
+def make_dataset(data: str | None, cache: str | None, size: int = 224) -> tuple[Any, dict]:
+    """The dataset to tune on and a description of it (kind, path, length, transform)."""
+    from .vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
+                         RandomResizedCrop, ToCHW)
+    if cache:
+        from .cache import CachedDataset
+        stored = str(CachedDataset(cache).header.get("source", {}).get("transform", ""))
+        crop = [] if "RandomResizedCrop" in stored else [RandomResizedCrop(size)]
+        ds: Any = CachedDataset(cache, transform=Compose([*crop, RandomHorizontalFlip(),
+                                                          ToCHW()]))
+        kind, path = "cache", cache
+    else:
+        ds = ImageFolder(data, transform=Compose([DecodeImage(), RandomResizedCrop(size),
+                                                  RandomHorizontalFlip(), ToCHW()]))
+        kind, path = "imagefolder", data
+    return ds, {"kind": kind, "path": os.path.abspath(path), "len": len(ds),
+                "transform": repr(ds.transform)}
+
+
+def warm_page_cache(ds: Any, count: int, time_limit_s: float) -> tuple[int, int, float]:
+    """Read the first ``count`` samples of the trials' shuffle order once, so the first trial
+    is not the only one that reads from disk. Returns (samples, bytes, seconds)."""
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(SEED))[:count]
+    t0, n, nbytes = time.perf_counter(), 0, 0
+    for i in order.tolist():
+        if time.perf_counter() - t0 > time_limit_s:
+            break
+        if hasattr(ds, "samples"):
+            with open(ds.samples[i][0], "rb") as f:
+                nbytes += len(f.read())
+        elif hasattr(ds, "raw"):
+            for leaf in ds.raw(i):
+                if hasattr(leaf, "tobytes"):
+                    nbytes += len(leaf.tobytes())
+        n += 1
+    return n, nbytes, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# One trial
+
+
+def _epochs(loader: PooledLoader) -> Iterator[Any]:
+    """Batches forever, epoch after epoch."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if not n:
+            raise RuntimeError("the loader yields no batches")
+        epoch += 1
+
+
+def _proc_kb(pid: int | str, key: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _batch_len(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return len(first)
+
+
+def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batches: int,
+              max_batches: int, step_s: float = 0.0) -> dict:
+    """Build a loader for ``s``, warm it up, and measure it. Returns the trial's figures."""
+    t0 = time.perf_counter()
+    loader = PooledLoader(ds, shuffle=True, on_error="skip",
+                          generator=torch.Generator().manual_seed(SEED), **s.loader_kwargs())
+    batches = _epochs(loader)
+    try:
+        for _ in range(warmup):
+            batch = next(batches)
+            time.sleep(step_s)
+        s0, m0 = loader.stats(), time.perf_counter()
+        setup_s = m0 - t0
+        n = 0
+        while n < max_batches and (n < min_batches or time.perf_counter() - t0 < time_limit_s):
+            batch = next(batches)
+            n += 1
+            time.sleep(step_s)
+        del batch
+        m1 = time.perf_counter()
+        s1 = loader.stats()
+        rss_workers = [_proc_kb(p.pid, "VmHWM") for p in multiprocessing.active_children()]
+        report = loader.report()
+    finally:
+        batches.close()
+        close = getattr(loader, "close", None)  # stops the workers now (else when collected)
+        if close is not None:
+            close()
+        del batches, loader
+    window = m1 - m0
+    wait = s1["wait_s"] - s0["wait_s"]
+    consumer = s1["consumer_s"] - s0["consumer_s"]
+    # busy time is booked when a batch is done, so a batch begun before the window counts in
+    # full: capped at 100%
+    busy = {int(w): min(1.0, (b - s0["worker_busy_s"].get(w, 0.0)) / window)
+            for w, b in s1["worker_busy_s"].items()}
+    samples = s1["samples"] - s0["samples"]
+    wait_fraction = wait / (wait + consumer) if wait + consumer > 0 else 1.0
+    rss_workers = [k for k in rss_workers if k]
+    return {
+        **dataclasses.asdict(s), "pool_slots": s.pool_slots, "label": s.label(),
+        "step_ms": 1000 * step_s, "images_per_s": samples / window,
+        "batches": s1["batches"] - s0["batches"], "samples": samples, "measured_s": window,
+        "setup_s": setup_s,
+        "wait_s": wait, "consumer_s": consumer, "wait_fraction": wait_fraction,
+        "bottleneck": "loader" if wait_fraction > 0.1 else "step",
+        "worker_busy_fraction": busy,
+        "worker_busy_mean": sum(busy.values()) / len(busy) if busy else None,
+        "slots": s1.get("slots"), "slots_in_use": s1.get("slots_in_use"),
+        "slot_bytes": s1.get("slot_bytes"), "pool_bytes": s1.get("bytes"),
+        "grown": s1.get("grown"), "allocations_after_warmup": s1.get("allocations_after_warmup"),
+        "skipped": s1["skipped"],
+        "peak_rss_worker_mb": max(rss_workers) / 1024 if rss_workers else None,
+        "rss_main_mb": (_proc_kb("self", "VmRSS") or 0) / 1024,
+        "load_avg_1min": os.getloadavg()[0],
+        "report": report,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Search
+
+
+def better(a: dict, b: dict, tol: float) -> bool:
+    """Trial ``a`` beats ``b``: faster beyond the tolerance, or as fast and cheaper."""
+    ra, rb = a["images_per_s"], b["images_per_s"]
+    if ra > rb * (1 + tol):
+        return True
+    return ra >= rb * (1 - tol) and a["setting"].cost() < b["setting"].cost()
+
+
+def coordinate_descent(space: dict[str, list[int]], start: Setting,
+                       measure: Callable[[Setting, str], dict], tol: float,
+                       time_left: Callable[[], bool]) -> tuple[list[dict], dict]:
+    """Vary one knob at a time from ``start``, keeping the best; repeat while a pass improves
+    and ``time_left()``. Returns (every trial in order, the best trial)."""
+    trials: dict[Setting, dict] = {}
+
+    def run(s: Setting, knob: str) -> dict:
+        trials[s] = {**measure(s, knob), "setting": s, "knob": knob, "id": len(trials)}
+        return trials[s]
+
+    best = run(start, "start")
+    improved = True
+    while improved and time_left():
+        improved = False
+        for knob in KNOBS:
+            for value in space[knob]:
+                cand = dataclasses.replace(best["setting"], **{knob: value})
+                if cand in trials:
+                    continue
+                if not time_left():
+                    break
+                trial = run(cand, knob)
+                if better(trial, best, tol):
+                    best, improved = trial, True
+    return list(trials.values()), best
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
+    """tune.png: images/s per trial, and where the time goes (worker busy/idle, consumer wait)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"start": "tab:gray", "num_workers": "tab:blue", "batch_size": "tab:orange",
+              "prefetch_factor": "tab:brown", "pool_extra": "tab:purple"}
+    x = list(range(len(trials)))
+    labels = [t["label"] for t in trials]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(9.0, 0.6 * len(trials) + 5), 7.5),
+                                   sharex=True)
+    bars = ax1.bar(x, [t["images_per_s"] for t in trials],
+                   color=[colors[t["knob"]] for t in trials])
+    bars[trials.index(best)].set_edgecolor("black")
+    bars[trials.index(best)].set_linewidth(2.5)
+    ax1.set_ylabel("images/s")
+    ax1.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax1.legend(handles, [f"varied: {k}" for k in colors], fontsize=8, loc="upper left",
+               bbox_to_anchor=(1.01, 1.0))
+    ax1.annotate("best", (trials.index(best), best["images_per_s"]), ha="center",
+                 va="bottom", fontsize=9, fontweight="bold")
+
+    busy = [100 * (t["worker_busy_mean"] or 0.0) for t in trials]
+    ax2.bar(x, busy, color="tab:green", label="workers busy (mean)")
+    ax2.bar(x, [100 - b for b in busy], bottom=busy, color="#dddddd",
+            label="workers idle")
+    ax2.plot(x, [100 * t["wait_fraction"] for t in trials], "o-", color="tab:red",
+             label="training loop waiting for data")
+    ax2.set_ylabel("% of measured time")
+    ax2.set_title("where the time goes", fontsize=10)
+    ax2.set_ylim(0, 105)
+    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    ax2.set_xlabel("trial (w=num_workers p=prefetch_factor s=pool_slots b=batch_size)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def format_table(trials: list[dict], best: dict) -> str:
+    """The trials as a fixed-width table; the best is marked with '*'."""
+    head = (f"{'#':>3} {'varied':<15} {'workers':>7} {'prefetch':>8} {'slots':>5} {'batch':>5} "
+            f"{'images/s':>9} {'wait':>5} {'busy':>5} {'grown':>5} {'wRSS MB':>7} {'load':>5}")
+    rows = [head, "-" * len(head)]
+    for t in trials:
+        busy = "-" if t["worker_busy_mean"] is None else f"{t['worker_busy_mean']:.0%}"
+        rss = "-" if t["peak_rss_worker_mb"] is None else f"{t['peak_rss_worker_mb']:.0f}"
+        rows.append(f"{t['id']:>3} {t['knob']:<15} {t['num_workers']:>7} "
+                    f"{t['prefetch_factor']:>8} {t['pool_slots']:>5} {t['batch_size']:>5} "
+                    f"{t['images_per_s']:>9.0f} {t['wait_fraction']:>5.0%} {busy:>5} "
+                    f"{t['grown']:>5} {rss:>7} {t['load_avg_1min']:>5.1f}"
+                    + (" *" if t is best else ""))
+    rows.append("wait: share of the loop's time spent waiting for data; busy: mean worker busy "
+                "share; grown: pool growths\n(sizing the first batch counts 1); wRSS: peak RSS "
+                "of one worker (shared pages included: pool, mapped\nfiles); load: 1-minute "
+                "load average after the trial; *: best")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _default_workers(cpus: int) -> list[int]:
+    powers = [1 << k for k in range(8) if (1 << k) <= 2 * cpus]
+    return sorted({*powers, cpus})
+
+
+def _start(values: list[int], preferred: int) -> int:
+    return preferred if preferred in values else values[len(values) // 2]
+
+
+def _parser() -> argparse.ArgumentParser:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    p = argparse.ArgumentParser(prog="python -m pooled_loader tune",
+                                description="Find the fastest PooledLoader settings on your data.")
+    p.add_argument("--data", help="ImageFolder root: DIR/CLASS/IMAGE")
+    p.add_argument("--cache", help="tune on CachedDataset(PATH) (with the random tail) instead")
+    p.add_argument("--budget-s", type=float, default=120.0,
+                   help="time for all trials, seconds (default 120)")
+    p.add_argument("--out", default="tune_out", help="folder for tune.json and tune.png")
+    p.add_argument("--simulate-step-ms", type=float, default=0.0,
+                   help="fake training step: sleep this long per batch of the starting batch "
+                        "size, in proportion for other sizes (default 0: none)")
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop size (default 224)")
+    p.add_argument("--workers", type=_ints, default=_default_workers(cpus or 1),
+                   help="num_workers values (default: powers of two up to 2x CPUs, and CPUs)")
+    p.add_argument("--prefetch", type=_ints, default=[1, 2, 4], help="prefetch_factor values")
+    p.add_argument("--pool-extra", type=_ints, default=[1, 2, 4],
+                   help="pool slots beyond num_workers*prefetch_factor (default 1,2,4; "
+                        "PooledLoader's default is 2)")
+    p.add_argument("--batch-sizes", type=_ints, default=[64, 128, 256])
+    p.add_argument("--warmup-batches", type=int, default=None,
+                   help="batches before measuring (default max(2, num_workers))")
+    p.add_argument("--min-batches", type=int, default=3)
+    p.add_argument("--max-batches", type=int, default=50)
+    p.add_argument("--tolerance", type=float, default=0.03,
+                   help="a change must be this much faster to be kept (default 0.03)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(cpus=cpus)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pooled_loader tune ...`` (a leading ``"tune"`` in ``argv`` is skipped)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:
+        argv = argv[1:]
+    p = _parser()
+    a = p.parse_args(argv)
+    if not a.data and not a.cache:
+        p.error("give --data DIR or --cache PATH")
+    if 0 in a.prefetch or min(a.batch_sizes) < 1 or a.min_batches < 1:
+        p.error("prefetch_factor, batch sizes and --min-batches must be >= 1")
+    try:
+        ds, dataset_info = make_dataset(a.data, a.cache, a.size)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    batch_sizes = [b for b in a.batch_sizes if b <= len(ds)]
+    if not batch_sizes:
+        print(f"error: every batch size exceeds the dataset ({len(ds)} samples)", file=sys.stderr)
+        return 1
+    space = {"num_workers": a.workers, "batch_size": batch_sizes,
+             "prefetch_factor": a.prefetch, "pool_extra": a.pool_extra}
+    start = Setting(_start(a.workers, a.cpus), _start(batch_sizes, 128),
+                    _start(a.prefetch, 2), _start(a.pool_extra, 2))
+    planned = 1 + sum(len(v) - 1 for v in space.values())
+    trial_s = a.budget_s / planned
+    step_s = a.simulate_step_ms / 1000.0  # per batch of start.batch_size
+    os.makedirs(a.out, exist_ok=True)
+
+    print(f"tuning on {dataset_info['kind']} {dataset_info['path']} ({len(ds)} samples), "
+          f"{a.cpus} CPUs, load {os.getloadavg()[0]:.1f}; budget {a.budget_s:.0f} s, "
+          f"~{planned} trials of ~{trial_s:.1f} s"
+          + (f"; simulated step {a.simulate_step_ms:g} ms per batch of {start.batch_size}"
+             if step_s else ""))
+    warm = warm_page_cache(ds, min(len(ds), a.max_batches * max(batch_sizes)), 0.25 * a.budget_s)
+    print(f"page cache: read {warm[0]} samples ({warm[1] / 2**20:.0f} MiB) in {warm[2]:.1f} s")
+
+    from tqdm import tqdm
+    bar = tqdm(total=planned, desc="tune", unit="trial", disable=a.quiet, file=sys.stderr)
+    t_start = time.perf_counter()
+    best_rate = [0.0]
+
+    def measure(s: Setting, knob: str) -> dict:
+        bar.set_description(f"tune {s.label()}")
+        warmup = a.warmup_batches if a.warmup_batches is not None else max(2, s.num_workers)
+        with warnings.catch_warnings():
+            # more workers than CPUs is a deliberate point of the sweep: no warning per trial
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            t = run_trial(ds, s, time_limit_s=trial_s, warmup=warmup,
+                          min_batches=a.min_batches, max_batches=a.max_batches,
+                          step_s=step_s * s.batch_size / start.batch_size)
+        best_rate[0] = max(best_rate[0], t["images_per_s"])
+        if bar.n >= bar.total:
+            bar.total = bar.n + 1
+        bar.update(1)
+        bar.set_postfix_str(f"best {best_rate[0]:.0f} img/s")
+        return t
+
+    def time_left() -> bool:
+        return time.perf_counter() - t_start + 0.5 * trial_s < a.budget_s
+
+    trials, best = coordinate_descent(space, start, measure, a.tolerance, time_left)
+    bar.close()
+    elapsed = time.perf_counter() - t_start
+
+    line = recommended_line(best["setting"])
+    small = len(ds) < a.max_batches * best["batch_size"]
+    notes = []
+    if small:
+        notes.append(f"the dataset ({len(ds)} samples) is smaller than a trial's batches: epoch "
+                     "boundaries (pipeline refills) are part of the figures")
+    if not step_s:
+        notes.append("no training step was simulated, so the loader is the bottleneck by "
+                     "construction; pass --simulate-step-ms to see it against your step")
+    result = {
+        "version": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "dataset": dataset_info,
+        "machine": {"cpus": a.cpus, "load_end": os.getloadavg()[0], "python":
+                    platform.python_version(), "torch": torch.__version__},
+        "settings": {"budget_s": a.budget_s, "simulate_step_ms": a.simulate_step_ms,
+                     "size": a.size, "tolerance": a.tolerance, "trial_s": trial_s,
+                     "warmup_batches": a.warmup_batches, "min_batches": a.min_batches,
+                     "max_batches": a.max_batches, "space": space,
+                     "start": dataclasses.asdict(start)},
+        "trials": [{k: v for k, v in t.items() if k != "setting"} for t in trials],
+        "best": {"id": best["id"], **dataclasses.asdict(best["setting"]),
+                 "pool_slots": best["pool_slots"], "images_per_s": best["images_per_s"],
+                 "report": best["report"]},
+        "recommended": line,
+        "notes": notes,
+        "elapsed_s": elapsed,
+    }
+    json_path, png_path = os.path.join(a.out, "tune.json"), os.path.join(a.out, "tune.png")
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1)
+    step = (f", simulated step {a.simulate_step_ms:g} ms / {start.batch_size} images"
+            if step_s else "")
+    write_plot(trials, best, png_path, f"{dataset_info['kind']} {len(ds)} samples, "
+               f"{a.cpus} CPUs{step}")
+
+    print(format_table(trials, best))
+    print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']}, "
+          f"{best['images_per_s']:.0f} images/s; training loop waited "
+          f"{best['wait_fraction']:.0%} of the measured time.")
+    print("loader.report() of that trial (warm-up included):\n" + best["report"])
+    for n in notes:
+        print(f"note: {n}")
+    print(f"\nwrote {json_path} and {png_path}\n\npaste:\n    {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""pooled_loader.tune: a short real sweep (real JPEGs, real worker processes) and the search."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import struct
+
+import pytest
+import torch
+
+import imgutil
+from pooled_loader import PooledLoader
+from pooled_loader.tune import KNOBS, Setting, coordinate_descent, main, recommended_line
+
+TRIAL_KEYS = {
+    "id", "knob", "label", "num_workers", "batch_size", "prefetch_factor", "pool_extra",
+    "pool_slots", "step_ms", "images_per_s", "batches", "samples", "measured_s", "setup_s",
+    "wait_s", "consumer_s", "wait_fraction", "bottleneck", "worker_busy_fraction",
+    "worker_busy_mean", "slots", "slots_in_use", "slot_bytes", "pool_bytes", "grown",
+    "allocations_after_warmup", "skipped", "peak_rss_worker_mb", "rss_main_mb",
+    "load_avg_1min", "report"}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    """24 JPEGs (skimage photos encoded by Pillow) in 3 class folders."""
+    root = str(tmp_path_factory.mktemp("tune_data"))
+    imgutil.make_folder(root, n_per_class=8, classes=("cat", "dog", "owl"),
+                        sizes=((320, 256), (256, 384), (500, 375)))
+    return root
+
+
+def _call_kwargs(line: str) -> dict:
+    """The keyword arguments of a pasted ``PooledLoader(dataset, ...)`` line (literals only)."""
+    call = ast.parse(line, mode="eval").body
+    assert isinstance(call, ast.Call) and call.func.id == "PooledLoader"
+    assert [a.id for a in call.args] == ["dataset"]
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    rc = main(["tune", "--data", folder, "--out", out, "--budget-s", "6", "--workers", "1,2",
+               "--prefetch", "1,2", "--pool-extra", "1,2", "--batch-sizes", "4,8",
+               "--max-batches", "6", "--simulate-step-ms", "5", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+
+    with open(os.path.join(out, "tune.json")) as f:
+        res = json.load(f)
+    assert {"version", "created", "dataset", "machine", "settings", "trials", "best",
+            "recommended", "notes", "elapsed_s"} <= set(res)
+    assert res["dataset"]["kind"] == "imagefolder" and res["dataset"]["len"] == 24
+    trials = res["trials"]
+    assert trials and trials[0]["knob"] == "start"
+    assert [t["id"] for t in trials] == list(range(len(trials)))
+    space = res["settings"]["space"]
+    start_batch = res["settings"]["start"]["batch_size"]
+    assert set(space) == set(KNOBS)
+    settings = set()
+    for t in trials:
+        assert TRIAL_KEYS <= set(t), TRIAL_KEYS - set(t)
+        for knob in KNOBS:
+            assert t[knob] in space[knob]
+        s = Setting(t["num_workers"], t["batch_size"], t["prefetch_factor"], t["pool_extra"])
+        assert s not in settings  # each setting measured once
+        settings.add(s)
+        assert t["pool_slots"] == s.pool_slots and t["slots"] >= s.pool_slots
+        assert t["images_per_s"] > 0 and t["batches"] >= 3
+        assert t["samples"] == t["batches"] * t["batch_size"]  # 24 = 3 * 8 = 6 * 4: full
+        assert 0.0 <= t["wait_fraction"] <= 1.0
+        assert t["step_ms"] == pytest.approx(5 * t["batch_size"] / start_batch)
+        busy = t["worker_busy_fraction"]
+        assert sorted(busy) == [str(w) for w in range(t["num_workers"])]
+        assert all(0.0 < f <= 1.0 for f in busy.values())
+        assert t["report"].startswith("PooledLoader: ")
+    # the first pass of coordinate descent varies every knob (budget allowing at least that)
+    assert {t["knob"] for t in trials} >= {"start", "num_workers"}
+
+    best = res["best"]
+    by_id = {t["id"]: t for t in trials}
+    assert best["images_per_s"] == by_id[best["id"]]["images_per_s"]
+    assert best["report"] == by_id[best["id"]]["report"]
+    kw = _call_kwargs(res["recommended"])
+    assert kw == {"batch_size": best["batch_size"], "shuffle": True,
+                  "num_workers": best["num_workers"], "prefetch_factor": best["prefetch_factor"],
+                  "persistent_workers": True, "pool_slots": best["pool_slots"]}
+
+    with open(os.path.join(out, "tune.png"), "rb") as f:
+        png = f.read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 600 and height >= 500 and len(png) > 20_000
+    import matplotlib.image
+    assert matplotlib.image.imread(os.path.join(out, "tune.png")).shape[:2] == (height, width)
+
+    assert "images/s" in printed and res["recommended"] in printed
+    assert best["report"] in printed and "paste:" in printed
+
+    # the pasted line works as written
+    from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
+                                      RandomResizedCrop, ToCHW)
+    dataset = ImageFolder(folder, Compose([DecodeImage(), RandomResizedCrop(224),
+                                           RandomHorizontalFlip(), ToCHW()]))
+    loader = eval(res["recommended"], {"PooledLoader": PooledLoader, "dataset": dataset})
+    images, labels = next(iter(loader))
+    assert images.shape == (best["batch_size"], 3, 224, 224) and images.dtype == torch.uint8
+    del images, labels, loader
+
+
+def test_tune_needs_data_or_cache(capsys):
+    with pytest.raises(SystemExit):
+        main(["--budget-s", "1"])
+    assert "--data" in capsys.readouterr().err
+
+
+def test_recommended_line_without_workers():
+    kw = _call_kwargs(recommended_line(Setting(0, 32, 2, 2)))
+    # no prefetch_factor or persistent_workers: DataLoader refuses them without workers
+    assert kw == {"batch_size": 32, "shuffle": True, "num_workers": 0, "pool_slots": 3}
+
+
+def _fake_measure(rates: dict):
+    """A deterministic objective for the search: images/s from a table, default 100."""
+    def measure(s: Setting, knob: str) -> dict:
+        return {"images_per_s": rates.get((s.num_workers, s.batch_size), 100.0)}
+    return measure
+
+
+def test_coordinate_descent_keeps_the_best_and_prefers_cheaper_ties():
+    space = {"num_workers": [1, 2, 4], "batch_size": [8, 16], "prefetch_factor": [1, 2],
+             "pool_extra": [1, 2]}
+    start = Setting(2, 8, 2, 2)
+    rates = {(4, 8): 200.0, (4, 16): 300.0, (1, 16): 100.0}
+    trials, best = coordinate_descent(space, start, _fake_measure(rates), 0.03, lambda: True)
+    # workers 4 wins (200 > 100), then batch 16 (300), prefetch 1 and extra 1 tie and are cheaper
+    assert best["setting"] == Setting(4, 16, 1, 1)
+    assert trials[0]["knob"] == "start" and trials[0]["setting"] == start
+    assert len({t["setting"] for t in trials}) == len(trials)
+
+
+def test_coordinate_descent_stops_when_time_is_up():
+    calls = []
+    space = {k: [1, 2, 3] for k in KNOBS}
+
+    def time_left() -> bool:
+        return len(calls) < 3
+
+    def measure(s: Setting, knob: str) -> dict:
+        calls.append(s)
+        return {"images_per_s": 1.0}
+
+    trials, best = coordinate_descent(space, Setting(1, 1, 1, 1), measure, 0.03, time_left)
+    assert len(trials) == 3 and best is trials[0]
