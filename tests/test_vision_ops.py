@@ -309,8 +309,16 @@ def test_through_pooled_loader(folder, workers):
     assert np.array_equal(np.concatenate(xs), expected)
     ds.transform = Compose([DecodeImage(), RandomResizedCrop(224), RandomHorizontalFlip(),
                             ToCHW()])
-    n = 0
-    for x, y in PooledLoader(ds, batch_size=4, num_workers=workers, shuffle=True, timeout=60):
-        assert tuple(x.shape[1:]) == (3, 224, 224) and x.dtype == torch.uint8
-        n += len(y)
-    assert n == len(ds)
+
+    def epoch() -> np.ndarray:  # random crops drawn from the worker-seeded RNG: reproducible
+        random.seed(0)  # without workers the transform runs here, on this process's RNG
+        loader = PooledLoader(ds, batch_size=4, num_workers=workers, shuffle=True, timeout=60,
+                              generator=torch.Generator().manual_seed(7))
+        xs = []
+        for x, y in loader:
+            assert tuple(x.shape[1:]) == (3, 224, 224) and x.dtype == torch.uint8
+            xs.append(x.numpy().copy())
+        return np.concatenate(xs)
+
+    a, b = epoch(), epoch()
+    assert len(a) == len(ds) and np.array_equal(a, b)
