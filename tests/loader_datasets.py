@@ -178,3 +178,38 @@ class Big(Dataset):
 def list_collate(samples):
     """A custom collate_fn returning numpy arrays and a list of ints."""
     return np.stack([s[0] for s in samples]), [s[1] for s in samples]
+
+
+class WritesInPlace(Dataset):
+    """Implements the zero-copy protocol: writes each sample into the row it is given."""
+
+    def __init__(self, n: int = 24):
+        self.n = n
+        self.calls = {"into": 0, "getitem": 0}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.calls["getitem"] += 1
+        return np.full((4, 4), i, dtype=np.float32), i
+
+    def getitem_into(self, i: int, out):
+        image_out, label_out = out
+        assert label_out is None and image_out.shape == (4, 4) and image_out.flags.writeable
+        self.calls["into"] += 1
+        image_out[...] = i
+        # an info leaf only the worker process knows: which protocol produced the sample
+        return image_out, i
+
+
+class IntoCounter(WritesInPlace):
+    """Reports, in the sample, whether it came through getitem_into."""
+
+    def __getitem__(self, i: int):
+        return np.full((4, 4), i, dtype=np.float32), i, "getitem"
+
+    def getitem_into(self, i: int, out):
+        image_out = out[0]
+        image_out[...] = i
+        return image_out, i, "into"
