@@ -234,10 +234,12 @@ def better(a: dict, b: dict, tol: float) -> bool:
 
 def coordinate_descent(space: dict[str, list[int]], start: Setting,
                        measure: Callable[[Setting, str], dict], tol: float,
-                       time_left: Callable[[], bool]) -> tuple[list[dict], dict]:
+                       time_left: Callable[[], bool],
+                       trials: dict[Setting, dict] | None = None) -> tuple[list[dict], dict]:
     """Vary one knob at a time from ``start``, keeping the best; repeat while a pass improves
-    and ``time_left()``. Returns (every trial in order, the best trial)."""
-    trials: dict[Setting, dict] = {}
+    and ``time_left()``. Returns (every trial in order, the best trial). Trials are also
+    recorded in ``trials`` as they finish (what is left if the search is interrupted)."""
+    trials = {} if trials is None else trials
 
     def run(s: Setting, knob: str) -> dict:
         trials[s] = {**measure(s, knob), "setting": s, "knob": knob, "id": len(trials)}
@@ -409,8 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     step_s = a.simulate_step_ms / 1000.0  # per batch of start.batch_size
     os.makedirs(a.out, exist_ok=True)
 
+    load_start = os.getloadavg()[0]
     print(f"tuning on {dataset_info['kind']} {dataset_info['path']} ({len(ds)} samples), "
-          f"{a.cpus} CPUs, load {os.getloadavg()[0]:.1f}; budget {a.budget_s:.0f} s, "
+          f"{a.cpus} CPUs, load {load_start:.1f}; budget {a.budget_s:.0f} s, "
           f"~{planned} trials of ~{trial_s:.1f} s"
           + (f"; simulated step {a.simulate_step_ms:g} ms per batch of {start.batch_size}"
              if step_s else ""))
@@ -441,14 +444,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     def time_left() -> bool:
         return time.perf_counter() - t_start + 0.5 * trial_s < a.budget_s
 
-    trials, best = coordinate_descent(space, start, measure, a.tolerance, time_left)
+    done: dict[Setting, dict] = {}
+    notes, interrupted = [], False
+    try:
+        trials, best = coordinate_descent(space, start, measure, a.tolerance, time_left, done)
+    except KeyboardInterrupt:
+        bar.close()
+        if not done:
+            print("interrupted before any trial finished", file=sys.stderr)
+            return 130
+        trials = list(done.values())
+        best = max(trials, key=lambda t: t["images_per_s"])
+        notes.append(f"interrupted (Ctrl-C) after {len(trials)} trials: the search is incomplete")
+        interrupted = True
     bar.close()
     elapsed = time.perf_counter() - t_start
 
     line = recommended_line(best["setting"])
-    small = len(ds) < a.max_batches * best["batch_size"]
-    notes = []
-    if small:
+    if load_start > a.cpus:
+        notes.append(f"the machine was busy (load {load_start:.1f} on {a.cpus} CPUs): other "
+                     "work shares the CPUs, so the figures are noisy; rerun when it is idle")
+    if len(ds) < a.max_batches * best["batch_size"]:
         notes.append(f"the dataset ({len(ds)} samples) is smaller than a trial's batches: epoch "
                      "boundaries (pipeline refills) are part of the figures")
     if not step_s:
@@ -458,8 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "version": 1,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "dataset": dataset_info,
-        "machine": {"cpus": a.cpus, "load_end": os.getloadavg()[0], "python":
-                    platform.python_version(), "torch": torch.__version__},
+        "machine": {"cpus": a.cpus, "load_start": load_start, "load_end": os.getloadavg()[0],
+                    "python": platform.python_version(), "torch": torch.__version__},
         "settings": {"budget_s": a.budget_s, "simulate_step_ms": a.simulate_step_ms,
                      "size": a.size, "tolerance": a.tolerance, "trial_s": trial_s,
                      "warmup_batches": a.warmup_batches, "min_batches": a.min_batches,
@@ -489,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in notes:
         print(f"note: {n}")
     print(f"\nwrote {json_path} and {png_path}\n\npaste:\n    {line}")
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

@@ -153,3 +153,31 @@ def test_coordinate_descent_stops_when_time_is_up():
 
     trials, best = coordinate_descent(space, Setting(1, 1, 1, 1), measure, 0.03, time_left)
     assert len(trials) == 3 and best is trials[0]
+
+
+def test_tune_on_a_cache_uses_the_random_tail(folder, tmp_path, capsys):
+    from pooled_loader.cache import build_cache
+    from pooled_loader.tune import make_dataset
+    from pooled_loader.vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
+
+    resized = str(tmp_path / "max256.plc")
+    build_cache(ImageFolder(folder, Compose([DecodeImage(), Resize(max_side=256)])), resized,
+                progress=False)
+    crops = str(tmp_path / "crops.plc")
+    build_cache(ImageFolder(folder, Compose([DecodeImage(), RandomResizedCrop(96)])), crops,
+                variants=2, progress=False)
+    ds, info = make_dataset(None, resized, size=96)
+    assert info["kind"] == "cache" and "RandomResizedCrop(" in info["transform"]
+    ds, info = make_dataset(None, crops, size=96)  # crops stored: only flip + CHW remain
+    assert "RandomResizedCrop" not in info["transform"] and "ToCHW" in info["transform"]
+    assert ds[0][0].shape == (3, 96, 96)
+
+    out = str(tmp_path / "out")
+    assert main(["--cache", resized, "--size", "96", "--out", out, "--budget-s", "2",
+                 "--workers", "1", "--prefetch", "2", "--pool-extra", "2", "--batch-sizes", "4",
+                 "--max-batches", "5", "--quiet"]) == 0
+    with open(os.path.join(out, "tune.json")) as f:
+        res = json.load(f)
+    assert res["dataset"]["kind"] == "cache" and len(res["trials"]) == 1
+    assert res["trials"][0]["slot_bytes"] >= 4 * 3 * 96 * 96
+    assert "PooledLoader(dataset, batch_size=4" in capsys.readouterr().out
