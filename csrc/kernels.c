@@ -41,7 +41,7 @@
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(PL_NO_MULTIVERSION)
+    defined(__GLIBC__) && !defined(PL_NO_MULTIVERSION) /* target_clones needs ifunc (glibc) */
 /* One build runs on any x86-64; AVX2 machines get an AVX2 clone of the hot loops (ifunc). */
 #define PL_HOT __attribute__((target_clones("avx2", "default")))
 #else
@@ -248,18 +248,42 @@ static inline __m128i hpass_px_sse2(const uint8_t *p, int n, int last_safe, cons
         _mm_store_ss(d2 + j, _mm_shuffle_ps(f, f, 2));                                           \
     }
 
+/* 4 taps from one 16-byte load with SSE2 only: byte shifts + unpacks build the int16 tap pairs
+ * (lane 3 gets a garbage product that is never stored) */
+static inline __m128i group_sse2(const uint8_t *p, const int16_t *k) {
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i a0 = _mm_unpacklo_epi8(v, zero), a1 = _mm_unpacklo_epi8(_mm_srli_si128(v, 3), zero);
+    const __m128i a2 = _mm_unpacklo_epi8(_mm_srli_si128(v, 6), zero);
+    const __m128i a3 = _mm_unpacklo_epi8(_mm_srli_si128(v, 9), zero);
+    return _mm_add_epi32(
+        _mm_madd_epi16(_mm_unpacklo_epi16(a0, a1), _mm_loadu_si128((const __m128i *)k)),
+        _mm_madd_epi16(_mm_unpacklo_epi16(a2, a3), _mm_loadu_si128((const __m128i *)k + 1)));
+}
+
 static inline __m128 hpass_px_sse2_at(const uint8_t *srow, Py_ssize_t width, const int *xb,
-                                      const int16_t *xw, int wstride, Py_ssize_t j) {
-    const int x0 = xb[2 * j], n = xb[2 * j + 1];
-    return _mm_cvtepi32_ps(hpass_px_sse2(srow + 3 * (Py_ssize_t)x0, n, x0 + n < width,
-                                         xw + j * (Py_ssize_t)wstride));
+                                      const int *xm, const int16_t *xw, int wstride,
+                                      Py_ssize_t j) {
+    const int x0 = xb[2 * j], groups = xm[j];
+    const uint8_t *p = srow + 3 * (Py_ssize_t)x0;
+    const int16_t *k = xw + j * (Py_ssize_t)wstride;
+    __m128i acc;
+    if (__builtin_expect(groups == 1, 1)) {
+        acc = group_sse2(p, k);
+    } else if (groups > 1) {
+        acc = group_sse2(p, k);
+        for (int g = 1; g < groups; g++) acc = _mm_add_epi32(acc, group_sse2(p + 12 * g, k + 16 * g));
+    } else {
+        const int n = xb[2 * j + 1];
+        acc = hpass_px_sse2(p, n, x0 + n < width, k);
+    }
+    return _mm_cvtepi32_ps(acc);
 }
 
 static void hpass_row_sse2(const uint8_t *restrict srow, Py_ssize_t width, Py_ssize_t ow,
                            const int *restrict xb, const int *restrict xm,
                            const int16_t *restrict xw, int wstride, float *restrict dst) {
-    (void)xm;
-#define PX(j) hpass_px_sse2_at(srow, width, xb, xw, wstride, (j))
+#define PX(j) hpass_px_sse2_at(srow, width, xb, xm, xw, wstride, (j))
     HPASS_ROW_BODY(PX)
 #undef PX
 }
@@ -274,7 +298,12 @@ __attribute__((target("ssse3"))) static inline __m128 hpass_px_ssse3(
     const uint8_t *p = srow + 3 * (Py_ssize_t)xb[2 * j];
     const int groups = xm[j]; /* > 0: 16-byte loads stay in the row; 0: near the row's end */
     __m128i acc;
-    if (groups > 0) {
+    if (__builtin_expect(groups == 1, 1)) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        acc = _mm_add_epi32(
+            _mm_madd_epi16(_mm_shuffle_epi8(v, m01), _mm_loadu_si128((const __m128i *)k)),
+            _mm_madd_epi16(_mm_shuffle_epi8(v, m23), _mm_loadu_si128((const __m128i *)k + 1)));
+    } else if (groups > 1) {
         acc = _mm_setzero_si128();
         for (int g = 0; g < groups; g++) {
             __m128i v = _mm_loadu_si128((const __m128i *)(p + 12 * g));
