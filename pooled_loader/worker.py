@@ -362,6 +362,8 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
     if cfg.start_method != "forkserver":
         _exit_with_parent()
     torch.set_num_threads(1)
+    if "cv2" in sys.modules:  # one thread per worker, as for torch: workers are the parallelism
+        sys.modules["cv2"].setNumThreads(1)
     seed = seed_worker(cfg.base_seed, worker_id)
     set_worker_info(worker_id, cfg.num_workers, seed, cfg.dataset)
     pending: collections.deque = collections.deque()
