@@ -238,7 +238,8 @@ class WebDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shard order and shuffle to use (call before iterating)."""
         self.epoch = int(epoch)
-        self._rank_world = rank_and_world()
+        if get_worker_info() is None:  # a spawned worker cannot see the process group
+            self._rank_world = rank_and_world()
 
     def __getstate__(self) -> dict:
         # Pickled in the main process for spawned workers, which cannot see its process group.
