@@ -137,7 +137,8 @@ class PooledLoader(DataLoader):
         on_error: "raise" (default) or "skip": a map-style sample whose loading raises is replaced
             by another sample drawn from the dataset (reproducibly from the seed and the index),
             so batches keep their size; skips are logged once per sample and counted in
-            `stats()["skipped"]`.
+            `stats()["skipped"]`. A dataset whose `on_error` attribute is "skip" turns it on.
+            Iterable datasets skip inside themselves (e.g. `pooled_loader.webdataset`).
         device: a CUDA device: batches arrive there, copied asynchronously on a side stream from
             the pinned pool (see `pooled_loader.cuda`); "cpu"/None keeps them on the host.
         device_transform: a callable applied to each batch after the transfer (on the copy
@@ -180,6 +181,11 @@ class PooledLoader(DataLoader):
             except ImportError:
                 pass
         self.pool_slots = pool_slots
+        # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
+        # same: the loader does the skipping so that batches keep their size.
+        if getattr(dataset, "on_error", None) == "skip" and not isinstance(dataset,
+                                                                           IterableDataset):
+            on_error = "skip"
         self.on_error = on_error
         self.device = torch.device(device) if device is not None else None
         self.device_transform = device_transform
