@@ -40,7 +40,8 @@ epoch (``PooledLoader.set_epoch`` forwards it), as with ``DistributedSampler``.
 Errors: a missing or truncated shard, or a sample the transform fails on (e.g. a missing
 extension), raises ``pooled_loader.errors.SampleError`` naming the shard and key. With
 ``on_error="skip"`` it is skipped instead, counted in ``dataset.skipped`` (per process: each worker
-counts its own) and warned about once per shard.
+counts its own), listed by ``dataset.pop_skips()`` (for a loader to forward to its statistics from
+each worker) and warned about once per shard.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ Sample = dict[str, Any]
 Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 _COUNT_CACHE: dict[tuple, int] = {}
+_SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
 _SKIP_META = re.compile(r"__[^/]*__($|/)")  # tar_file_iterator's default skip_meta
 
 
@@ -226,6 +228,7 @@ class WebDataset(IterableDataset):
         self.on_error = on_error
         self.epoch = 0
         self.skipped = 0
+        self._skip_log: list[tuple[str, str]] = []
         self._warned: set[str] = set()
         self._rank_world = rank_and_world()
         self.shard_sizes: Optional[list[int]] = None
@@ -262,9 +265,17 @@ class WebDataset(IterableDataset):
         if self.on_error == "raise":
             raise SampleError(msg) from exc
         self.skipped += 1
+        if len(self._skip_log) < _SKIP_LOG_MAX:
+            self._skip_log.append((f"shard {url}", what))
         if url not in self._warned:
             self._warned.add(url)
             warnings.warn(f"skipping: {msg}", RuntimeWarning, stacklevel=2)
+
+    def pop_skips(self) -> list[tuple[str, str]]:
+        """``(where, reason)`` of each skip since the last call (in this process), for a loader
+        to forward to its statistics; ``self.skipped`` keeps the running total."""
+        log, self._skip_log = self._skip_log, []
+        return log
 
     def _count_shard(self, url: str) -> int:
         count, error = _count(url)
@@ -280,6 +291,8 @@ class WebDataset(IterableDataset):
         wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
         per_rank = self.samples_per_epoch // world
         quota = per_rank // nworkers + (1 if wid < per_rank % nworkers else 0)
+        if quota == 0:
+            return 0, [], 0, 0
         order = list(range(len(self.urls)))
         if self.shuffle_shards:
             random.Random(self.seed + self.epoch).shuffle(order)
@@ -291,16 +304,14 @@ class WebDataset(IterableDataset):
                 r = slot % len(shards)
                 own = shards[r:] + shards[:r]
             return quota, own, 0, 0
+        sizes = self.shard_sizes
+        order = [i for i in order if sizes[i] > 0]  # empty or unreadable when counted
         start = rank * per_rank + per_rank // nworkers * wid + min(wid, per_rank % nworkers)
         first = 0
-        for i in order:  # find the shard holding position `start`
-            if start < self.shard_sizes[i]:
-                break
-            start -= self.shard_sizes[i]
+        while start >= sizes[order[first]]:  # find the shard holding position `start`
+            start -= sizes[order[first]]
             first += 1
-        if first == len(shards):
-            first, start = 0, 0
-        return quota, shards, first, start
+        return quota, [self.urls[i] for i in order], first, start
 
     def _raw(self, shards: list[str], first: int, skip: int, visits: list[int]) -> Iterator[Sample]:
         """Samples of ``shards`` from ``shards[first]`` (passing over ``skip`` samples in it),

@@ -192,6 +192,9 @@ def test_missing_shard(shard_dir):
                         on_error="skip")
     assert ds.skipped == 1 and len(ds) == 121
     assert sorted(ds) == list(range(121))
+    skips = ds.pop_skips()
+    assert len(skips) == 1 and "nope.tar" in skips[0][0] and "No such file" in skips[0][1]
+    assert ds.pop_skips() == []
     # Not counted beforehand: found while reading, in a worker process.
     ds = WebDataset([missing] + expand_shards(shard_dir), transform=sample_id,
                     samples_per_epoch=121)
