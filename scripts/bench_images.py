@@ -17,6 +17,12 @@ The table's "x ours" column is this loader's images/s divided by ours from the s
 (median over rounds); "ceiling" rows are an upper bound, not a loader.  Load averages before and
 after each loader are recorded in the JSON, as the machine may be shared.
 
+On a shared machine wall-clock images/s moves with other people's jobs, so the harness also
+reports images per CPU-second: the CPU time (user + system) of the loader's whole process tree
+(main process, threads, workers) during the timed epochs.  "x N cores" is that times the usable
+cores: a projection for otherwise idle cores, an upper bound, not a measurement.  For the
+ceiling rows CPU-seconds are those of the one-core loop.
+
 Make a dataset first: python scripts/make_dataset.py data/imagenet2k --n 2000
 """
 from __future__ import annotations
@@ -63,6 +69,10 @@ def run_one(name: str, a) -> dict:
         rec.update({k: v for k, v in result.items() if k != "name"})
         if rec.get("rates"):
             rec["median"] = statistics.median(rec["rates"])
+        cpu = [n / c for n, c in zip(rec.get("images", []), rec.get("cpu_s", [])) if c]
+        if cpu:
+            rec["per_cpu_s"] = cpu
+            rec["median_per_cpu_s"] = statistics.median(cpu)
     return rec
 
 
@@ -103,7 +113,9 @@ def main(argv=None) -> int:
             runs.append(rec)
             if rec["status"] == "ok":
                 rates = ", ".join(f"{x:.0f}" for x in rec["rates"])
+                pc = rec.get("median_per_cpu_s")
                 print(f"  round {r} {name:12s} {rec['median']:8.0f} images/s  [{rates}]  "
+                      f"{_fmt(pc)} images/CPU-s  "
                       f"load {rec['loadavg_before'][0]:.2f}->{rec['loadavg_after'][0]:.2f}",
                       flush=True)
             else:
@@ -112,6 +124,7 @@ def main(argv=None) -> int:
                       flush=True)
 
     summary = {}
+    cores = peers.usable_cores()
     for name in names:
         mine = [x for x in runs if x["name"] == name]
         ok = [x for x in mine if x["status"] == "ok"]
@@ -122,27 +135,37 @@ def main(argv=None) -> int:
             s["all_epochs"] = [v for x in ok for v in x["rates"]]
         else:
             s["error"] = mine[-1].get("error")
+        pcs = [x["median_per_cpu_s"] for x in ok if x.get("median_per_cpu_s")]
+        s["per_cpu_s"] = statistics.median(pcs) if pcs else None
+        # images per CPU-second x usable cores: what the loader would do on otherwise idle
+        # cores if it kept them all busy (an upper bound; not measured wall-clock)
+        s["cpu_projected"] = s["per_cpu_s"] * cores if s["per_cpu_s"] else None
         # ratio to ours within each round, then the median of those
-        ratios = []
+        ratios, cratios = [], []
         for x in ok:
             o = [y for y in runs if y["name"] == "ours" and y["round"] == x["round"]
                  and y["status"] == "ok"]
             if o:
                 ratios.append(x["median"] / o[0]["median"])
+                if x.get("median_per_cpu_s") and o[0].get("median_per_cpu_s"):
+                    cratios.append(x["median_per_cpu_s"] / o[0]["median_per_cpu_s"])
         s["x_ours"] = statistics.median(ratios) if ratios else None
+        s["x_ours_per_cpu_s"] = statistics.median(cratios) if cratios else None
         summary[name] = s
 
     print()
-    print(f"| loader | images/s | x ours | per round |")
-    print(f"| --- | ---: | ---: | --- |")
+    print(f"| loader | images/s | x ours | images/CPU-s | x ours | x{cores} cores | per round |")
+    print(f"| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for name in names:
         s = summary[name]
         if s["status"] == "ok":
             pr = ", ".join(_fmt(v) for v in s["per_round"])
-            print(f"| {name} | {_fmt(s['median'])} | {_fmt(s['x_ours'], 2)} | {pr} |")
+            print(f"| {name} | {_fmt(s['median'])} | {_fmt(s['x_ours'], 2)} "
+                  f"| {_fmt(s['per_cpu_s'])} | {_fmt(s['x_ours_per_cpu_s'], 2)} "
+                  f"| {_fmt(s['cpu_projected'])} | {pr} |")
         else:
             err = (s.get("error") or "").strip().splitlines()
-            print(f"| {name} | {s['status']} | - | {err[-1][:110] if err else ''} |")
+            print(f"| {name} | {s['status']} | - | - | - | - | {err[-1][:110] if err else ''} |")
     print()
 
     if a.json:

@@ -177,22 +177,75 @@ def check_batch(batch) -> None:
                            f"expected uint8 (N, 3, {SIZE}, {SIZE})")
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_seconds(pid: int | None = None) -> float | None:
+    """user+system CPU seconds of this process, its threads and all its live descendants (plus
+    children it has reaped), from /proc; None where /proc is not there (not Linux)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    stats = {}
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()  # after "pid (comm) "
+        # fields[1] = ppid; [11], [12] = utime, stime; [13], [14] = cutime, cstime
+        stats[int(d)] = (int(fields[1]), int(fields[11]) + int(fields[12]),
+                         int(fields[13]) + int(fields[14]))
+    if pid not in stats:
+        return None
+    kids: dict[int, list[int]] = {}
+    for p, (pp, _, _) in stats.items():
+        kids.setdefault(pp, []).append(p)
+    total, todo = stats[pid][2], [pid]  # reaped children's time counts once, at the root
+    while todo:
+        p = todo.pop()
+        total += stats[p][1]
+        todo.extend(kids.get(p, ()))
+    return total / _CLK_TCK
+
+
+# Filled by time_epochs: per timed epoch, wall seconds, images, CPU seconds of the process tree.
+LAST_STATS: dict = {}
+
+
 def time_epochs(iterate: Callable[[], Iterable], epochs: int, warmup: int,
                 count: Callable = _nimages, expect: int | None = None) -> list[float]:
-    """Run warmup + epochs epochs of iterate(); images/s of the timed ones."""
-    rates = []
+    """Run warmup + epochs epochs of iterate(); images/s of the timed ones.
+
+    Also records, in LAST_STATS, the CPU seconds the whole process tree (main process, its
+    threads, worker processes) spent in each timed epoch: images per CPU-second does not depend
+    much on other jobs sharing the machine, when wall-clock images/s does.
+    """
+    rates, walls, cpus, counts = [], [], [], []
     for e in range(warmup + epochs):
         n = 0
+        c0 = tree_cpu_seconds()
         t0 = time.perf_counter()
         for batch in iterate():
             if e == 0 and n == 0:
                 check_batch(batch)
             n += count(batch)
         dt = time.perf_counter() - t0
+        c1 = tree_cpu_seconds()
         if expect is not None and n != expect:
             raise RuntimeError(f"epoch {e} saw {n} images, expected {expect}")
         if e >= warmup:
             rates.append(n / dt)
+            walls.append(dt)
+            counts.append(n)
+            cpus.append(None if c0 is None or c1 is None else c1 - c0)
+    LAST_STATS.clear()
+    LAST_STATS.update(wall_s=walls, images=counts, cpu_s=cpus)
     return rates
 
 
@@ -537,6 +590,9 @@ def main(argv=None) -> int:
         rec["rates"] = PEERS[a.name](a.data, batch=a.batch, workers=a.workers, epochs=a.epochs,
                                      warmup=a.warmup)
         rec["status"] = "ok"
+        rec.update(LAST_STATS)
+        if a.name.startswith("ceiling"):
+            rec["rates_one_core"] = [x / usable_cores() for x in rec["rates"]]
     except PeerUnavailable as e:
         rec["status"], rec["error"] = "unavailable", str(e)
     print("PEER_RESULT " + json.dumps(rec), flush=True)
