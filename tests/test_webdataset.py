@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import tarfile
 import types
 import warnings
@@ -331,3 +333,10 @@ def test_shards_cli(tmp_path, capsys):
         shards.write_shards(src, str(tmp_path / "bad.tar"), 3, progress=False)
     with pytest.raises(SystemExit):
         shards.main(["write", src, out])  # --per-shard is required
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out2 = str(tmp_path / "cli" / "y-%02d.tar")
+    proc = subprocess.run([sys.executable, "-m", "pooled_loader", "shards", "write", src, out2,
+                           "--per-shard", "4", "--quiet"], cwd=repo, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [count_samples(out2 % i) for i in range(2)] == [4, 3]
