@@ -10,7 +10,8 @@ not exist yet: an ImageFolder of ``--make`` JPEGs is made there (``scripts/make_
 
 Every loader runs the same per-sample work in its 2 worker processes: decode the JPEG,
 RandomResizedCrop 224 (scale 0.08-1, ratio 3/4-4/3) + random horizontal flip, uint8 CHW, with
-``pooled_loader.vision`` ops when present (else simplejpeg + OpenCV), shard shuffle + a 1000-sample
+``pooled_loader.vision`` ops when present (else simplejpeg + OpenCV) -- or, with ``--work none``,
+only a zero image per sample, to see the loaders' own cost -- shard shuffle + a 1000-sample
 shuffle buffer, batches of 256 formed in the workers (the last of each worker partial).
 Workers are persistent, so epochs exclude worker start-up; one untimed warm-up epoch each.
 The loaders are run interleaved (A B C A B C ...) so that load from other processes on a shared
@@ -62,6 +63,15 @@ class _CvAugment:
         if random.random() < 0.5:
             out = out[:, ::-1]
         return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
+class _NoWork:
+    """``--work none``: a zero image per sample (the shard is still read): the loaders' own cost."""
+
+    name = "no decode (zero image per sample)"
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return np.zeros((3, SIZE, SIZE), np.uint8)
 
 
 def make_augment() -> Callable[[bytes], np.ndarray]:
@@ -171,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--per-shard", type=int, default=250, help="when sharding an ImageFolder")
     p.add_argument("--make", type=int, default=2000, help="JPEGs to make if --data is absent")
+    p.add_argument("--work", choices=["decode", "none"], default="decode",
+                   help="per-sample work: decode+crop+flip (default) or none (loader cost only)")
     args = p.parse_args(argv)
     if args.epochs < 3:
         p.error("--epochs must be >= 3 (the median of at least 3 epochs is reported)")
 
     shards = resolve_shards(args.data, args.per_shard, args.make)
     total = sum(count_samples(s) for s in shards)
-    augment = make_augment()
+    augment = make_augment() if args.work == "decode" else _NoWork()
     built = {name: make(shards, augment, args.batch, args.workers)
              for name, make in LOADERS.items()}
     rates: dict[str, list[float]] = {name: [] for name in built}
@@ -193,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     built.clear()
 
     ref = statistics.median(rates["webdataset.WebLoader"])
-    print(f"# {total} JPEGs in {len(shards)} shards ({shards[0]} ..), {augment.name}, "
-          f"RandomResizedCrop {SIZE} + flip, uint8 CHW, batch {args.batch}, "
+    work = f"{augment.name}, RandomResizedCrop {SIZE} + flip" if args.work == "decode" \
+        else augment.name
+    print(f"# {total} JPEGs in {len(shards)} shards ({shards[0]} ..), {work}, uint8 CHW, "
+          f"batch {args.batch}, "
           f"{args.workers} workers, {args.epochs} timed epochs after {args.warmup} warm-up")
     print(f"# {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
           f" at the end (shared machine: compare within a run)")
