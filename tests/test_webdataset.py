@@ -55,9 +55,9 @@ def loader_class():
     return PooledLoader
 
 
-def run_epoch(ds, epoch, num_workers=2, batch_size=4):
+def run_epoch(ds, epoch, num_workers=2, batch_size=4, cls=None):
     ds.set_epoch(epoch)
-    loader = loader_class()(ds, batch_size=batch_size, num_workers=num_workers)
+    loader = (cls or loader_class())(ds, batch_size=batch_size, num_workers=num_workers)
     return [[int(i) for i in batch] for batch in loader]
 
 
@@ -113,9 +113,15 @@ def test_counts_and_len(shard_dir, monkeypatch):
 
 
 # -- splitting and order ---------------------------------------------------------------------
-def test_workers_split_one_epoch_exactly(shard_dir):
-    batches = run_epoch(WebDataset(shard_dir, transform=sample_id), epoch=0)
+@pytest.mark.parametrize("which", ["torch", "pooled"])
+def test_workers_split_one_epoch_exactly(shard_dir, which):
+    """Two workers, batches formed per worker: every sample once (torch's DataLoader and ours)."""
+    cls = DataLoader if which == "torch" else loader_class()
+    if cls is DataLoader and which == "pooled":
+        pytest.skip("pooled_loader.PooledLoader is not importable")
+    batches = run_epoch(WebDataset(shard_dir, transform=sample_id), epoch=0, cls=cls)
     assert sorted(flat(batches)) == list(range(121))
+    assert [len(b) for b in batches] == [4] * 30 + [1]  # workers in turn: 61 + 60 samples
 
 
 @pytest.mark.parametrize("sizes", [SIZES, [50, 3, 7, 1], [2, 2], [0, 30, 0, 11, 6]])
