@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import warnings
 from datetime import timedelta
 
@@ -152,9 +153,10 @@ def launch(shard_dir, seed, out_dir, worker_start="fork"):
              for r in range(WORLD)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + 90
     try:
         for p in procs:
-            p.join(timeout=90)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
     finally:
         for p in procs:
             if p.is_alive():
