@@ -11,8 +11,10 @@ last step) even with uneven shards or fewer shards than ranks x workers.
 
 Counted mode (default, ``samples_per_epoch=None``):
 
-1. The samples of every shard are counted once (local ``.tar``: tar headers only, no data read;
-   other URLs: one streaming pass) and cached per process by path, size and mtime. Total: ``N``.
+1. The samples of every shard are counted once, in ``__init__`` (local ``.tar``: tar headers
+   only, no data read; other URLs: one streaming pass, so pass ``samples_per_epoch`` for large
+   remote datasets) and cached per process by path, size and mtime. Total: ``N``. Shards with no
+   samples (or none readable, under ``on_error="skip"``) are left out of the reading.
 2. Epoch ``e`` orders the shards by a permutation drawn from ``Random(seed + e)`` (the listed
    order if ``shuffle_shards=False``); all ranks draw the same one. The concatenation of the shards
    in that order is the epoch's stream, positions ``0 .. N-1``.
@@ -24,14 +26,18 @@ Counted mode (default, ``samples_per_epoch=None``):
    the samples, each at most once.
 5. If a sample or shard is skipped (``on_error="skip"``) or a shard is shorter than counted, the
    worker keeps reading past its piece (wrapping round to the start of the stream) until it has
-   its quota, so the counts stay equal across ranks. A whole pass over all shards without one
-   readable sample raises ``SampleError``.
+   its quota, so the counts stay equal across ranks. A whole pass over the shards without one
+   usable sample raises ``SampleError`` rather than spinning.
 
 Explicit mode (``samples_per_epoch=S``, nothing is counted): ``B = S // W``, split over workers
 as above. The epoch's shard order is dealt round-robin to the ``W*K`` (rank, worker) slots; a slot
 reads its own shards in a cycle until it has its quota; a slot with no shard of its own (fewer
 shards than slots) reads the whole list rotated by its slot index. Coverage is only as good as the
 shards are many and even; use counted mode when that matters.
+
+Rank and world size come from ``torch.distributed`` when it is initialised, else from the
+environment (``RANK``/``WORLD_SIZE``); a worker started by spawn uses what the main process saw
+when it pickled the dataset. Worker id and count come from ``torch.utils.data.get_worker_info()``.
 
 Shuffling: with ``shuffle_buffer > 0`` a worker shuffles its own samples through a buffer of that
 size, seeded from ``(seed, epoch, rank, worker)``. ``set_epoch(e)`` must be called before each
