@@ -15,7 +15,9 @@ only a zero image per sample, to see the loaders' own cost -- shard shuffle + a 
 shuffle buffer, batches of 256 formed in the workers (the last of each worker partial).
 Workers are persistent, so epochs exclude worker start-up; one untimed warm-up epoch each.
 The loaders are run interleaved (A B C A B C ...) so that load from other processes on a shared
-machine falls on all of them alike; the table gives the median images/s over the timed epochs.
+machine falls on all of them alike; the table gives the median images/s over the timed epochs and
+(with psutil) the median images per CPU-second of the main process and its workers together,
+which other processes' load disturbs much less than wall-clock rates.
 """
 from __future__ import annotations
 
@@ -160,16 +162,36 @@ LOADERS = {
 }
 
 
-def run_epoch(loader, dataset, epoch: int) -> tuple[int, float]:
+def cpu_seconds() -> float | None:
+    """User + system CPU seconds of this process and all its descendants (the loaders' workers,
+    which are persistent, so none exits between two readings); None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me] + me.children(recursive=True):
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_epoch(loader, dataset, epoch: int) -> tuple[int, float, float | None]:
+    """(images, wall seconds, CPU seconds of main + workers) of one epoch."""
     if dataset is not None:
         dataset.set_epoch(epoch)
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
-    n, t0 = 0, time.perf_counter()
+    n, c0, t0 = 0, cpu_seconds(), time.perf_counter()
     for images, labels in loader:
         assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, SIZE, SIZE)
         n += images.shape[0]
-    return n, time.perf_counter() - t0
+    dt, c1 = time.perf_counter() - t0, cpu_seconds()
+    return n, dt, (c1 - c0 if c0 is not None and c1 is not None else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,13 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     built = {name: make(shards, augment, args.batch, args.workers)
              for name, make in LOADERS.items()}
     rates: dict[str, list[float]] = {name: [] for name in built}
+    per_cpu: dict[str, list[float]] = {name: [] for name in built}
     for epoch in range(args.warmup + args.epochs):
         for name, (loader, ds) in built.items():
-            n, dt = run_epoch(loader, ds, epoch)
+            n, dt, cpu = run_epoch(loader, ds, epoch)
             if n != total:
                 raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
             if epoch >= args.warmup:
                 rates[name].append(n / dt)
+                if cpu:
+                    per_cpu[name].append(n / cpu)
     for loader, _ in built.values():
         del loader
     built.clear()
@@ -212,11 +237,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.workers} workers, {args.epochs} timed epochs after {args.warmup} warm-up")
     print(f"# {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
           f" at the end (shared machine: compare within a run)")
-    print(f"| loader | median images/s | epochs (images/s) | vs WebLoader |")
-    print(f"| --- | ---: | --- | ---: |")
+    cpu_ref = statistics.median(per_cpu["webdataset.WebLoader"] or [math.nan])
+    print("| loader | median images/s | epochs (images/s) | vs WebLoader "
+          "| images per CPU-second (main + workers) | vs WebLoader |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"| {name} | {med:.0f} | {', '.join(f'{x:.0f}' for x in r)} | {med / ref:.2f}x |")
+        pc = statistics.median(per_cpu[name] or [math.nan])
+        print(f"| {name} | {med:.0f} | {', '.join(f'{x:.0f}' for x in r)} | {med / ref:.2f}x "
+              f"| {pc:.0f} | {pc / cpu_ref:.2f}x |")
     return 0
 
 
