@@ -199,3 +199,17 @@ def test_three_ranks_two_workers_uneven_shards(tmp_path):
         parts = [r["map_indices"] for r in res]
         assert [len(p) for p in parts] == [4, 4, 4]  # ceil(10 / 3), padded by repetition
         assert set(i for p in parts for i in p) == set(range(10))
+
+
+def test_pooled_loader_distributed_with_webdataset(monkeypatch, tmp_path):
+    """distributed=True over a WebDataset: no sampler, the dataset splits itself by rank."""
+    cls = loader_class()
+    if cls is DataLoader:
+        pytest.skip("pooled_loader.PooledLoader is not importable")
+    make_shards(str(tmp_path), SIZES)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = WebDataset(str(tmp_path), transform=sample_id, seed=2)
+    loader = cls(ds, batch_size=8, shuffle=True, distributed=True)
+    ids = [int(i) for b in loader for i in b]
+    assert len(ids) == len(ds) == 60 and len(set(ids)) == 60
