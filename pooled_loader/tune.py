@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -156,11 +157,6 @@ def _proc_kb(pid: int | str, key: str) -> int | None:
     return None
 
 
-def _batch_len(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(first)
-
-
 def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batches: int,
               max_batches: int, step_s: float = 0.0) -> dict:
     """Build a loader for ``s``, warm it up, and measure it. Returns the trial's figures."""
@@ -220,6 +216,16 @@ def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batc
     }
 
 
+def failed_trial(s: Setting, error: BaseException) -> dict:
+    """The record of a trial whose loader raised (e.g. a worker killed for memory)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+    # a worker's error carries its traceback: its last line names the type and the reason
+    summary = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {lines[0]}"
+    return {**dataclasses.asdict(s), "pool_slots": s.pool_slots, "label": s.label(),
+            "images_per_s": 0.0, "error": summary, "error_detail": str(error),
+            "load_avg_1min": os.getloadavg()[0]}
+
+
 # ---------------------------------------------------------------------------------------------
 # Search
 
@@ -262,6 +268,26 @@ def coordinate_descent(space: dict[str, list[int]], start: Setting,
     return list(trials.values()), best
 
 
+def confirm(first: dict, winner: dict, measure: Callable[[Setting, str], dict], rounds: int,
+            tol: float, next_id: int) -> tuple[list[dict], dict, dict[str, list[float]]]:
+    """Measure the search's winner and its starting point again, ``rounds`` times each,
+    interleaved (so drift in the machine's load hits both alike), and keep the winner only if
+    the medians still say it is better. Returns (the new trials, the trial to recommend, every
+    images/s figure per setting label)."""
+    runs: list[dict] = []
+    rates = {t["label"]: [t["images_per_s"]] for t in (first, winner)}
+    for _ in range(rounds):
+        for t in (first, winner):
+            run = {**measure(t["setting"], "confirm"), "setting": t["setting"],
+                   "knob": "confirm", "id": next_id + len(runs)}
+            runs.append(run)
+            rates[t["label"]].append(run["images_per_s"])
+    med = {t["label"]: {"images_per_s": statistics.median(rates[t["label"]]),
+                        "setting": t["setting"]} for t in (first, winner)}
+    keep = better(med[winner["label"]], med[first["label"]], tol)
+    return runs, winner if keep else first, rates
+
+
 # ---------------------------------------------------------------------------------------------
 # Output
 
@@ -273,7 +299,7 @@ def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"start": "tab:gray", "num_workers": "tab:blue", "batch_size": "tab:orange",
-              "prefetch_factor": "tab:brown", "pool_extra": "tab:purple"}
+              "prefetch_factor": "tab:brown", "pool_extra": "tab:purple", "confirm": "black"}
     x = list(range(len(trials)))
     labels = [t["label"] for t in trials]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(9.0, 0.6 * len(trials) + 5), 7.5),
@@ -285,16 +311,18 @@ def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
     ax1.set_ylabel("images/s")
     ax1.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax1.legend(handles, [f"varied: {k}" for k in colors], fontsize=8, loc="upper left",
+    ax1.legend(handles, [f"varied: {k}" if k in KNOBS else k for k in colors], fontsize=8,
+               loc="upper left",
                bbox_to_anchor=(1.01, 1.0))
     ax1.annotate("best", (trials.index(best), best["images_per_s"]), ha="center",
                  va="bottom", fontsize=9, fontweight="bold")
 
-    busy = [100 * (t["worker_busy_mean"] or 0.0) for t in trials]
+    busy = [100 * (t.get("worker_busy_mean") or 0.0) for t in trials]
     ax2.bar(x, busy, color="tab:green", label="workers busy (mean)")
     ax2.bar(x, [100 - b for b in busy], bottom=busy, color="#dddddd",
             label="workers idle")
-    ax2.plot(x, [100 * t["wait_fraction"] for t in trials], "o-", color="tab:red",
+    ax2.plot(x, [100 * t.get("wait_fraction", float("nan")) for t in trials], "o-",
+             color="tab:red",
              label="training loop waiting for data")
     ax2.set_ylabel("% of measured time")
     ax2.set_title("where the time goes", fontsize=10)
@@ -314,6 +342,11 @@ def format_table(trials: list[dict], best: dict) -> str:
             f"{'images/s':>9} {'wait':>5} {'busy':>5} {'grown':>5} {'wRSS MB':>7} {'load':>5}")
     rows = [head, "-" * len(head)]
     for t in trials:
+        if "error" in t:
+            rows.append(f"{t['id']:>3} {t['knob']:<15} {t['num_workers']:>7} "
+                        f"{t['prefetch_factor']:>8} {t['pool_slots']:>5} {t['batch_size']:>5} "
+                        f"   failed: {t['error']}"[:160])
+            continue
         busy = "-" if t["worker_busy_mean"] is None else f"{t['worker_busy_mean']:.0%}"
         rss = "-" if t["peak_rss_worker_mb"] is None else f"{t['peak_rss_worker_mb']:.0f}"
         rows.append(f"{t['id']:>3} {t['knob']:<15} {t['num_workers']:>7} "
@@ -356,7 +389,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pooled_loader tune",
                                 description="Find the fastest PooledLoader settings on your data.")
     p.add_argument("--data", help="ImageFolder root: DIR/CLASS/IMAGE")
-    p.add_argument("--cache", help="tune on CachedDataset(PATH) (with the random tail) instead")
+    p.add_argument("--cache", help="tune on CachedDataset(PATH) (with the random tail); "
+                                   "--data is then not used")
     p.add_argument("--budget-s", type=float, default=120.0,
                    help="time for all trials, seconds (default 120)")
     p.add_argument("--out", default="tune_out", help="folder for tune.json and tune.png")
@@ -377,6 +411,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batches", type=int, default=50)
     p.add_argument("--tolerance", type=float, default=0.03,
                    help="a change must be this much faster to be kept (default 0.03)")
+    p.add_argument("--confirm-rounds", type=int, default=2,
+                   help="measure the winner and the start this many more times, interleaved, "
+                        "and compare medians (default 2; 0: no check)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(cpus=cpus)
     return p
@@ -406,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "prefetch_factor": a.prefetch, "pool_extra": a.pool_extra}
     start = Setting(_start(a.workers, a.cpus), _start(batch_sizes, 128),
                     _start(a.prefetch, 2), _start(a.pool_extra, 2))
-    planned = 1 + sum(len(v) - 1 for v in space.values())
+    reserve = 2 * max(0, a.confirm_rounds)  # trials kept for the confirmation
+    planned = 1 + sum(len(v) - 1 for v in space.values()) + reserve
     trial_s = a.budget_s / planned
     step_s = a.simulate_step_ms / 1000.0  # per batch of start.batch_size
     os.makedirs(a.out, exist_ok=True)
@@ -431,9 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             # more workers than CPUs is a deliberate point of the sweep: no warning per trial
             warnings.filterwarnings("ignore", message="This DataLoader will create")
-            t = run_trial(ds, s, time_limit_s=trial_s, warmup=warmup,
-                          min_batches=a.min_batches, max_batches=a.max_batches,
-                          step_s=step_s * s.batch_size / start.batch_size)
+            try:
+                t = run_trial(ds, s, time_limit_s=trial_s, warmup=warmup,
+                              min_batches=a.min_batches, max_batches=a.max_batches,
+                              step_s=step_s * s.batch_size / start.batch_size)
+            except Exception as e:  # noqa: BLE001 - one failed setting must not end the sweep
+                t = failed_trial(s, e)
+                print(f"trial {s.label()} failed: {t['error']}", file=sys.stderr)
         best_rate[0] = max(best_rate[0], t["images_per_s"])
         if bar.n >= bar.total:
             bar.total = bar.n + 1
@@ -442,23 +484,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return t
 
     def time_left() -> bool:
-        return time.perf_counter() - t_start + 0.5 * trial_s < a.budget_s
+        return time.perf_counter() - t_start + (0.5 + reserve) * trial_s < a.budget_s
 
     done: dict[Setting, dict] = {}
-    notes, interrupted = [], False
+    notes, interrupted, confirmed = [], False, None
     try:
         trials, best = coordinate_descent(space, start, measure, a.tolerance, time_left, done)
+        first = trials[0]
+        if best is not first and "error" not in best and a.confirm_rounds > 0:
+            winner = best
+            runs, best, rates = confirm(first, winner, measure, a.confirm_rounds, a.tolerance,
+                                        len(trials))
+            trials += runs
+            confirmed = {"rounds": a.confirm_rounds, "images_per_s": rates,
+                         "median": {k: statistics.median(v) for k, v in rates.items()},
+                         "kept": "winner" if best is winner else "start"}
+            if best is not winner:
+                notes.append(f"the search's winner ({winner['label']}) was not faster than the "
+                             f"start ({first['label']}) when measured again: recommending the "
+                             "start")
     except KeyboardInterrupt:
         bar.close()
         if not done:
             print("interrupted before any trial finished", file=sys.stderr)
             return 130
-        trials = list(done.values())
+        trials = list(done.values())  # without any confirmation runs
         best = max(trials, key=lambda t: t["images_per_s"])
+        confirmed = None
         notes.append(f"interrupted (Ctrl-C) after {len(trials)} trials: the search is incomplete")
         interrupted = True
     bar.close()
     elapsed = time.perf_counter() - t_start
+    if "error" in best:  # the best failed: every trial did
+        print(format_table(trials, best))
+        print(f"error: every trial failed; the first: {trials[0]['error']}", file=sys.stderr)
+        return 1
 
     line = recommended_line(best["setting"])
     if load_start > a.cpus:
@@ -485,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "best": {"id": best["id"], **dataclasses.asdict(best["setting"]),
                  "pool_slots": best["pool_slots"], "images_per_s": best["images_per_s"],
                  "report": best["report"]},
+        "confirm": confirmed,
         "recommended": line,
         "notes": notes,
         "elapsed_s": elapsed,
@@ -498,9 +559,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                f"{a.cpus} CPUs{step}")
 
     print(format_table(trials, best))
-    print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']}, "
-          f"{best['images_per_s']:.0f} images/s; training loop waited "
+    print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']} "
+          f"({best['label']}), {best['images_per_s']:.0f} images/s; training loop waited "
           f"{best['wait_fraction']:.0%} of the measured time.")
+    if confirmed:
+        print("measured again, interleaved: " + "; ".join(
+            f"{k}: median {confirmed['median'][k]:.0f} images/s of "
+            + ", ".join(f"{r:.0f}" for r in v) for k, v in confirmed["images_per_s"].items()))
     print("loader.report() of that trial (warm-up included):\n" + best["report"])
     for n in notes:
         print(f"note: {n}")

@@ -39,6 +39,7 @@ def _call_kwargs(line: str) -> dict:
     return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
 
 
+@pytest.mark.timeout(120)
 def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
     out = str(tmp_path / "out")
     rc = main(["tune", "--data", folder, "--out", out, "--budget-s", "6", "--workers", "1,2",
@@ -50,7 +51,7 @@ def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
     with open(os.path.join(out, "tune.json")) as f:
         res = json.load(f)
     assert {"version", "created", "dataset", "machine", "settings", "trials", "best",
-            "recommended", "notes", "elapsed_s"} <= set(res)
+            "confirm", "recommended", "notes", "elapsed_s"} <= set(res)
     assert res["dataset"]["kind"] == "imagefolder" and res["dataset"]["len"] == 24
     trials = res["trials"]
     assert trials and trials[0]["knob"] == "start"
@@ -64,8 +65,9 @@ def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
         for knob in KNOBS:
             assert t[knob] in space[knob]
         s = Setting(t["num_workers"], t["batch_size"], t["prefetch_factor"], t["pool_extra"])
-        assert s not in settings  # each setting measured once
-        settings.add(s)
+        if t["knob"] != "confirm":
+            assert s not in settings  # the search measures each setting once
+            settings.add(s)
         assert t["pool_slots"] == s.pool_slots and t["slots"] >= s.pool_slots
         assert t["images_per_s"] > 0 and t["batches"] >= 3
         assert t["samples"] == t["batches"] * t["batch_size"]  # 24 = 3 * 8 = 6 * 4: full
@@ -80,6 +82,15 @@ def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
 
     best = res["best"]
     by_id = {t["id"]: t for t in trials}
+    again = [t for t in trials if t["knob"] == "confirm"]
+    if res["confirm"] is not None:  # the winner was not the start: both measured again, in turn
+        assert len(again) == 4 and trials[-4:] == again
+        assert [t["label"] for t in again[:2]] == [trials[0]["label"], again[1]["label"]] * 1
+        assert [t["label"] for t in again[2:]] == [t["label"] for t in again[:2]]
+        assert by_id[best["id"]]["label"] in res["confirm"]["median"]
+        assert all(len(v) == 3 for v in res["confirm"]["images_per_s"].values())
+    else:
+        assert not again
     assert best["images_per_s"] == by_id[best["id"]]["images_per_s"]
     assert best["report"] == by_id[best["id"]]["report"]
     kw = _call_kwargs(res["recommended"])
@@ -155,17 +166,20 @@ def test_coordinate_descent_stops_when_time_is_up():
     assert len(trials) == 3 and best is trials[0]
 
 
+@pytest.mark.timeout(120)
 def test_tune_on_a_cache_uses_the_random_tail(folder, tmp_path, capsys):
     from pooled_loader.cache import build_cache
     from pooled_loader.tune import make_dataset
     from pooled_loader.vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
 
+    # built by a worker process: OpenCV's thread pool, once used here, can deadlock a forked
+    # loader worker (cv2.setNumThreads in the child)
     resized = str(tmp_path / "max256.plc")
     build_cache(ImageFolder(folder, Compose([DecodeImage(), Resize(max_side=256)])), resized,
-                progress=False)
+                progress=False, num_workers=1)
     crops = str(tmp_path / "crops.plc")
     build_cache(ImageFolder(folder, Compose([DecodeImage(), RandomResizedCrop(96)])), crops,
-                variants=2, progress=False)
+                variants=2, progress=False, num_workers=1)
     ds, info = make_dataset(None, resized, size=96)
     assert info["kind"] == "cache" and "RandomResizedCrop(" in info["transform"]
     ds, info = make_dataset(None, crops, size=96)  # crops stored: only flip + CHW remain
@@ -181,3 +195,16 @@ def test_tune_on_a_cache_uses_the_random_tail(folder, tmp_path, capsys):
     assert res["dataset"]["kind"] == "cache" and len(res["trials"]) == 1
     assert res["trials"][0]["slot_bytes"] >= 4 * 3 * 96 * 96
     assert "PooledLoader(dataset, batch_size=4" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_tune_when_every_trial_fails(tmp_path, capsys):
+    for i in range(4):
+        imgutil.write(str(tmp_path / "data" / "a" / f"{i}.jpg"), b"not a jpeg")
+    rc = main(["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+               "--budget-s", "2", "--workers", "1", "--prefetch", "2", "--pool-extra", "2",
+               "--batch-sizes", "2", "--quiet"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    assert "failed: " in captured.out and "every trial failed" in captured.err
+    assert "0.jpg" in captured.err or "1.jpg" in captured.err  # names a bad file
