@@ -521,6 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     line = recommended_line(best["setting"])
+    best_rate = confirmed["median"][best["label"]] if confirmed else best["images_per_s"]
     if load_start > a.cpus:
         notes.append(f"the machine was busy (load {load_start:.1f} on {a.cpus} CPUs): other "
                      "work shares the CPUs, so the figures are noisy; rerun when it is idle")
@@ -543,7 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "start": dataclasses.asdict(start)},
         "trials": [{k: v for k, v in t.items() if k != "setting"} for t in trials],
         "best": {"id": best["id"], **dataclasses.asdict(best["setting"]),
-                 "pool_slots": best["pool_slots"], "images_per_s": best["images_per_s"],
+                 "pool_slots": best["pool_slots"], "images_per_s": best_rate,
                  "report": best["report"]},
         "confirm": confirmed,
         "recommended": line,
@@ -560,8 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(format_table(trials, best))
     print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']} "
-          f"({best['label']}), {best['images_per_s']:.0f} images/s; training loop waited "
-          f"{best['wait_fraction']:.0%} of the measured time.")
+          f"({best['label']}), {best_rate:.0f} images/s{' (median)' if confirmed else ''}; "
+          f"the training loop waited {best['wait_fraction']:.0%} of trial {best['id']}'s time.")
     if confirmed:
         print("measured again, interleaved: " + "; ".join(
             f"{k}: median {confirmed['median'][k]:.0f} images/s of "

@@ -11,7 +11,8 @@ import torch
 
 import imgutil
 from pooled_loader import PooledLoader
-from pooled_loader.tune import KNOBS, Setting, coordinate_descent, main, recommended_line
+from pooled_loader.tune import (KNOBS, Setting, confirm, coordinate_descent, main,
+                                 recommended_line)
 
 TRIAL_KEYS = {
     "id", "knob", "label", "num_workers", "batch_size", "prefetch_factor", "pool_extra",
@@ -85,13 +86,15 @@ def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
     again = [t for t in trials if t["knob"] == "confirm"]
     if res["confirm"] is not None:  # the winner was not the start: both measured again, in turn
         assert len(again) == 4 and trials[-4:] == again
-        assert [t["label"] for t in again[:2]] == [trials[0]["label"], again[1]["label"]] * 1
+        assert again[0]["label"] == trials[0]["label"] != again[1]["label"]
         assert [t["label"] for t in again[2:]] == [t["label"] for t in again[:2]]
         assert by_id[best["id"]]["label"] in res["confirm"]["median"]
         assert all(len(v) == 3 for v in res["confirm"]["images_per_s"].values())
     else:
         assert not again
-    assert best["images_per_s"] == by_id[best["id"]]["images_per_s"]
+    confirmed = res["confirm"]["median"] if res["confirm"] else {}
+    assert best["images_per_s"] == confirmed.get(by_id[best["id"]]["label"],
+                                                 by_id[best["id"]]["images_per_s"])
     assert best["report"] == by_id[best["id"]]["report"]
     kw = _call_kwargs(res["recommended"])
     assert kw == {"batch_size": best["batch_size"], "shuffle": True,
@@ -208,3 +211,25 @@ def test_tune_when_every_trial_fails(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "failed: " in captured.out and "every trial failed" in captured.err
     assert "0.jpg" in captured.err or "1.jpg" in captured.err  # names a bad file
+
+
+def test_confirm_measures_both_in_turn_and_compares_medians():
+    start, fast = Setting(2, 8, 2, 2), Setting(4, 8, 2, 2)
+    first = {"label": start.label(), "setting": start, "images_per_s": 100.0, "id": 0}
+    winner = {"label": fast.label(), "setting": fast, "images_per_s": 150.0, "id": 1}
+    order = []
+
+    def measure_with(rates):
+        def measure(s: Setting, knob: str) -> dict:
+            order.append(s)
+            return {"images_per_s": rates[s].pop(0)}
+        return measure
+
+    runs, keep, rates = confirm(first, winner, measure_with({start: [100, 100], fast: [140, 90]}),
+                                2, 0.03, 2)
+    assert order == [start, fast, start, fast] and [r["id"] for r in runs] == [2, 3, 4, 5]
+    assert keep is winner and rates[fast.label()] == [150.0, 140, 90]  # median 140 > 100
+    order.clear()
+    runs, keep, _ = confirm(first, winner, measure_with({start: [120, 110], fast: [95, 100]}),
+                            2, 0.03, 2)
+    assert keep is first  # the first figure was luck: medians 110 vs 100
