@@ -81,18 +81,25 @@ def fingerprint_info(dataset: Any) -> dict:
         h.update(str(dataset.cache_fingerprint()).encode())
         info["files"] = "cache_fingerprint()"
     elif isinstance(getattr(dataset, "samples", None), (list, tuple)):
+        paths = [os.fspath(s[0] if isinstance(s, (tuple, list)) else s) for s in dataset.samples
+                 if isinstance(s[0] if isinstance(s, (tuple, list)) else s, (str, os.PathLike))]
+        root = getattr(dataset, "root", None)
+        if not isinstance(root, (str, os.PathLike)):
+            root = os.path.commonpath([os.path.abspath(p) for p in paths]) if paths else ""
+        root = os.path.abspath(root)
         n = 0
         for s in dataset.samples:
             p = s[0] if isinstance(s, (tuple, list)) else s
-            if isinstance(p, (str, os.PathLike)):
+            if isinstance(p, (str, os.PathLike)):  # paths relative to the root: movable data
+                rel = os.path.relpath(os.path.abspath(p), root)
                 try:
                     st = os.stat(p)
-                    h.update(f"{os.fspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+                    h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
                 except OSError:
-                    h.update(f"{os.fspath(p)}\0missing\0".encode())
+                    h.update(f"{rel}\0missing\0".encode())
             h.update(_stable_repr(s[1:] if isinstance(s, (tuple, list)) else ()).encode())
             n += 1
-        info["files"] = f"{n} samples (paths, sizes, mtimes)"
+        info["files"] = f"{n} samples (paths under the root, sizes, mtimes)"
     else:
         h.update(_stable_repr(dataset).encode())
         info["files"] = "repr(dataset)"
@@ -218,22 +225,32 @@ def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # Build workers
 
-_W: dict = {}  # per-process build state: dataset, layout, file descriptor
+_W: dict = {}  # per-process build state: dataset, seed, file descriptor, layout
 
 
-def _init_worker(dataset: Any, tree: dict, leaves: list[dict], partial: str, seed: int,
-                 in_process: bool = False, inherited_lock_fd: int = -1) -> None:
+def _init_worker(dataset: Any, partial: str, seed: int, in_process: bool = False,
+                 inherited_lock_fd: int = -1) -> None:
     if inherited_lock_fd >= 0:  # a forked worker must not keep the build lock alive
         os.close(inherited_lock_fd)
     if not in_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
         _die_with_parent()
-        if "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(1)
-        if "cv2" in sys.modules:
-            sys.modules["cv2"].setNumThreads(1)
-    _W.update(dataset=dataset, tree=tree, leaves=leaves, seed=seed,
-              fd=os.open(partial, os.O_RDWR), dtype=_entry_dtype(leaves))
+        if "torch" in sys.modules:  # as DataLoader workers do (not cv2.setNumThreads: it
+            sys.modules["torch"].set_num_threads(1)  # can hang in a forked child)
+    _W.update(dataset=dataset, seed=seed, fd=os.open(partial, os.O_RDWR), tree=None)
+
+
+def _set_layout(tree: dict) -> None:
+    if _W["tree"] != tree:
+        _W.update(tree=tree, leaves=infer_layout_from_tree(tree)[1])
+        _W["dtype"] = _entry_dtype(_W["leaves"])
+
+
+def _probe(index: int) -> tuple[dict, list]:
+    """Layout of ``dataset[index]`` (variant 0) and its leaf values."""
+    _seed_everything(_W["seed"], index, 0)
+    tree, _ = infer_layout(sample := _W["dataset"][index])
+    return tree, flatten(sample, tree)
 
 
 def _die_with_parent() -> None:
@@ -253,8 +270,9 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _build_chunk(pairs: Sequence[tuple[int, int]]) -> tuple[bytes, str | None]:
+def _build_chunk(pairs: Sequence[tuple[int, int]], tree: dict) -> tuple[bytes, str | None]:
     """Produce, write and describe records; (journal entries, error message or None)."""
+    _set_layout(tree)
     ds, tree, leaves, fd, seed = _W["dataset"], _W["tree"], _W["leaves"], _W["fd"], _W["seed"]
     rows = np.zeros(len(pairs), _W["dtype"])
     for r, (i, k) in enumerate(pairs):
@@ -324,7 +342,10 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
         raise ValueError("cannot cache an empty dataset")
     info = fingerprint_info(dataset)
     fp = _digest(info)
+    partial, journal = path + ".partial", path + ".partial.journal"
     if os.path.exists(path) and not overwrite:
+        if not os.path.exists(partial) and os.path.exists(journal):
+            os.unlink(journal)  # left by a build killed between os.replace and cleanup
         try:
             hdr = _read_header(path)
         except CacheError:
@@ -335,7 +356,6 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
         raise CacheMismatchError(
             f"{path} exists and is not a cache of this dataset with variants={variants}, "
             f"seed={seed}; delete it or pass overwrite=True")
-    partial, journal = path + ".partial", path + ".partial.journal"
     jfd = os.open(journal, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         for attempt in range(20):  # a killed build's processes may take a moment to go
@@ -360,84 +380,93 @@ def _build_locked(dataset: Any, path: str, partial: str, journal: str, jfd: int,
     spec = {"format_version": FORMAT_VERSION, "fingerprint": fp, "count": count,
             "variants": variants, "seed": seed}
     state = _resume(partial, journal, jfd, spec)
-    if state is None:  # fresh build: sample 0 gives the layout
-        _seed_everything(seed, 0, 0)
-        first = dataset[0]
-        tree, leaves = infer_layout(first)
-        if not leaves:
-            raise ValueError("dataset[0] has no leaves to cache")
+    if state is None:
         with open(partial, "wb") as f:
             f.write(pack_preamble(STATE_BUILDING).ljust(DATA_START, b"\x00"))
-        jhead = header_bytes({**spec, "layout": tree})
-        os.ftruncate(jfd, 0)
-        os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
-        arrs = _index_arrays(leaves, count, variants)
-        done = np.zeros((count, variants), bool)
-        pending_first = [(first, 0)]
-    else:
-        tree, leaves, arrs, done = state
-        pending_first = []
-    os.lseek(jfd, 0, os.SEEK_END)
-    dtype = _entry_dtype(leaves)
-
-    def record(raw: bytes) -> int:
-        if raw:
-            os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
-            e = np.frombuffer(raw, dtype)
-            _apply_entries(arrs, done, e, leaves)
-            return len(e)
-        return 0
-
-    _init_worker(dataset, tree, leaves, partial, seed, in_process=True)
+    _init_worker(dataset, partial, seed, in_process=True)
+    ex = _make_pool(dataset, partial, seed, num_workers, mp_context, jfd) if num_workers > 0 \
+        else None
     from tqdm import tqdm
-    bar = tqdm(total=count * variants, initial=int(done.sum()), disable=not progress,
-               desc=f"caching {os.path.basename(path)}", unit="rec", smoothing=0.05)
+    bar = tqdm(total=count * variants, initial=0 if state is None else int(state[3].sum()),
+               disable=not progress, desc=f"caching {os.path.basename(path)}", unit="rec",
+               smoothing=0.05)
+    done = None
     try:
-        for sample, i in pending_first:  # reuse the layout sample rather than recompute it
-            row = np.zeros(1, dtype)
-            _write_record(_W["fd"], row, i, 0, flatten(sample, tree), leaves)
-            bar.update(record(row.tobytes()))
+        if state is None:  # fresh build: sample 0 gives the layout (computed by a worker
+            # if there are workers, so this process never runs the pipeline before forking)
+            try:
+                tree, values = ex.submit(_probe, 0).result() if ex else _probe(0)
+            except Exception as e:
+                raise CacheError(f"building {path}: sample 0{_sample_name(dataset, 0)}: "
+                                 f"{type(e).__name__}: {e}") from e
+            _, leaves = infer_layout_from_tree(tree)
+            jhead = header_bytes({**spec, "layout": tree})
+            os.ftruncate(jfd, 0)
+            os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
+            arrs, done = _index_arrays(leaves, count, variants), np.zeros((count, variants), bool)
+            row = np.zeros(1, _entry_dtype(leaves))
+            _write_record(_W["fd"], row, 0, 0, values, leaves)
+            first = row.tobytes()
+        else:
+            tree, leaves, arrs, done = state
+            first = b""
+        os.lseek(jfd, 0, os.SEEK_END)
+        dtype = _entry_dtype(leaves)
+
+        def record(raw: bytes) -> int:
+            if raw:
+                os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
+                e = np.frombuffer(raw, dtype)
+                _apply_entries(arrs, done, e, leaves)
+                return len(e)
+            return 0
+
+        bar.update(record(first))
         todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~done))]
         chunks = [todo[s:s + chunk_size] for s in range(0, len(todo), chunk_size)]
-        if num_workers <= 0 or len(chunks) <= 1:
+        if ex is None:
             for c in chunks:
-                raw, err = _build_chunk(c)
+                raw, err = _build_chunk(c, tree)
                 bar.update(record(raw))
                 if err:
                     raise CacheError(f"building {path}: {err}; finished records are kept in "
                                      f"{partial}: fix the cause and run the build again to "
                                      "resume")
         else:
-            _run_pool(dataset, tree, leaves, partial, seed, chunks, num_workers, mp_context,
-                      record, bar, path, jfd)
+            _run_pool(ex, tree, chunks, num_workers, record, bar, path, partial)
     except KeyboardInterrupt:
         bar.close()
-        print(f"\ninterrupted: {int(done.sum())} of {count * variants} records kept in "
-              f"{partial}; run the build again to resume", file=sys.stderr)
+        kept = 0 if done is None else int(done.sum())
+        print(f"\ninterrupted: {kept} of {count * variants} records kept in {partial}; run the "
+              "build again to resume", file=sys.stderr)
         raise
     finally:
         bar.close()
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
         os.close(_W.pop("fd"))
         _W.clear()
     _finish(path, partial, journal, tree, leaves, arrs, info, fp, count, variants, seed)
 
 
-def _run_pool(dataset: Any, tree: dict, leaves: list[dict], partial: str, seed: int,
-              chunks: list, num_workers: int, mp_context: str | None,
-              record: Callable[[bytes], int], bar: Any, path: str, jfd: int) -> None:
+def _make_pool(dataset: Any, partial: str, seed: int, num_workers: int, mp_context: str | None,
+               jfd: int) -> ProcessPoolExecutor:
     import multiprocessing as mp
     ctx = mp.get_context(mp_context or ("fork" if "fork" in mp.get_all_start_methods()
                                         else None))
     forked = ctx.get_start_method() == "fork"
-    ex = ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(dataset, tree, leaves, partial, seed, False,
-                                       jfd if forked else -1))
+    return ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(dataset, partial, seed, False, jfd if forked else -1))
+
+
+def _run_pool(ex: ProcessPoolExecutor, tree: dict, chunks: list, num_workers: int,
+              record: Callable[[bytes], int], bar: Any, path: str, partial: str) -> None:
     it = iter(chunks)
     running: set[Future] = set()
     error = None
     try:
         for c in it:
-            running.add(ex.submit(_build_chunk, c))
+            running.add(ex.submit(_build_chunk, c, tree))
             if len(running) >= 3 * num_workers:
                 break
         while running:
@@ -448,7 +477,7 @@ def _run_pool(dataset: Any, tree: dict, leaves: list[dict], partial: str, seed: 
                 error = error or err
             if error is None:
                 for c in it:
-                    running.add(ex.submit(_build_chunk, c))
+                    running.add(ex.submit(_build_chunk, c, tree))
                     if len(running) >= 3 * num_workers:
                         break
     except KeyboardInterrupt:  # keep what the workers finish: they ignore SIGINT
@@ -464,8 +493,6 @@ def _run_pool(dataset: Any, tree: dict, leaves: list[dict], partial: str, seed: 
     except BrokenProcessPool as e:
         raise CacheError(f"building {path}: a build worker died ({e}); finished records are "
                          f"kept in {partial}: run the build again to resume") from None
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
     if error:
         raise CacheError(f"building {path}: {error}; finished records are kept in {partial}: "
                          "fix the cause and run the build again to resume")

@@ -461,19 +461,19 @@ def test_real_vision_pipeline_under_pooled_loader(jpeg_root, tmp_path):
     V = vision
     src = V.ImageFolder(jpeg_root, transform=V.Compose([V.DecodeImage(), V.Resize(max_side=64)]))
     path = str(tmp_path / "real.plc")
-    build_cache(src, path, num_workers=2, progress=False)
+    build_cache(src, path, num_workers=2, progress=False)  # the pipeline runs in the workers
     ds = CachedDataset(path, transform=V.Compose([V.RandomResizedCrop(24),
                                                   V.RandomHorizontalFlip(), V.ToCHW()]),
                        expect_fingerprint_of=src)
-    for i in range(len(src)):
-        (img, label), (ref, ref_label) = ds.raw(i), src[i]
-        assert np.array_equal(img, ref) and label == ref_label
-    out = (np.zeros((3, 24, 24), np.uint8), None)
-    res = ds.getitem_into(3, out)
-    assert res[0] is out[0] and res[1] == src.samples[3][1]
     loader = PooledLoader(ds, batch_size=8, shuffle=True, num_workers=2)
     labels = []
     for imgs, lab in loader:
         assert imgs.shape[1:] == (3, 24, 24) and imgs.dtype == torch.uint8
         labels += lab.tolist()
     assert sorted(labels) == sorted(s[1] for s in src.samples)
+    for i in range(len(src)):
+        (img, label), (ref, ref_label) = ds.raw(i), src[i]
+        assert np.array_equal(img, ref) and label == ref_label
+    out = (np.zeros((3, 24, 24), np.uint8), None)
+    res = ds.getitem_into(3, out)
+    assert res[0] is out[0] and res[1] == src.samples[3][1]
