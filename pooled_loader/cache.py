@@ -910,7 +910,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     s += f" {lf['dtype']}"
                 if shp.get(lf["id"]) is not None:
                     a = shp[lf["id"]].reshape(-1, lf["ndim"])
-                    s += f" shape min {tuple(a.min(0))} max {tuple(a.max(0))}"
+                    s += (f" shape min {tuple(int(v) for v in a.min(0))}"
+                          f" max {tuple(int(v) for v in a.max(0))}")
                 print(s)
             for k, val in h["source"].items():
                 print(f"source.{k}: {val}")
