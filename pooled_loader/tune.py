@@ -16,6 +16,10 @@ while they improve and the budget lasts. Each trial starts a fresh loader (fixed
 runs warm-up batches, then measures images/s over at most ``--max-batches`` batches or its share of
 the budget (at least ``--min-batches``). ``pool_slots`` is swept as slots beyond the batches in
 flight (``num_workers * prefetch_factor``), so it stays meaningful as the other knobs move.
+A winner other than the start is then measured again against the start, in turn
+(``--confirm-rounds``, so drift in the machine's load hits both alike), and kept only if the
+medians agree. The budget is a target: a started trial finishes, and a winner found late is
+still checked once.
 
 ``--simulate-step-ms`` sleeps that long per batch of the starting batch size (a stand-in training
 step, scaled in proportion for other batch sizes, as a step's time grows with its batch), so the
@@ -240,11 +244,11 @@ def better(a: dict, b: dict, tol: float) -> bool:
 
 def coordinate_descent(space: dict[str, list[int]], start: Setting,
                        measure: Callable[[Setting, str], dict], tol: float,
-                       time_left: Callable[[], bool],
+                       time_left: Callable[[dict], bool],
                        trials: dict[Setting, dict] | None = None) -> tuple[list[dict], dict]:
     """Vary one knob at a time from ``start``, keeping the best; repeat while a pass improves
-    and ``time_left()``. Returns (every trial in order, the best trial). Trials are also
-    recorded in ``trials`` as they finish (what is left if the search is interrupted)."""
+    and ``time_left(best trial so far)``. Returns (every trial in order, the best trial).
+    Trials are also recorded in ``trials`` as they finish (what is left if interrupted)."""
     trials = {} if trials is None else trials
 
     def run(s: Setting, knob: str) -> dict:
@@ -253,14 +257,14 @@ def coordinate_descent(space: dict[str, list[int]], start: Setting,
 
     best = run(start, "start")
     improved = True
-    while improved and time_left():
+    while improved and time_left(best):
         improved = False
         for knob in KNOBS:
             for value in space[knob]:
                 cand = dataclasses.replace(best["setting"], **{knob: value})
                 if cand in trials:
                     continue
-                if not time_left():
+                if not time_left(best):
                     break
                 trial = run(cand, knob)
                 if better(trial, best, tol):
@@ -483,8 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.set_postfix_str(f"best {best_rate[0]:.0f} img/s")
         return t
 
-    def time_left() -> bool:
-        return time.perf_counter() - t_start + (0.5 + reserve) * trial_s < a.budget_s
+    def time_left(best: dict) -> bool:
+        """Room for another trial, keeping time to confirm a winner other than the start."""
+        keep = reserve if best["knob"] != "start" else 0
+        return time.perf_counter() - t_start + (0.5 + keep) * trial_s < a.budget_s
 
     done: dict[Setting, dict] = {}
     notes, interrupted, confirmed = [], False, None
@@ -493,10 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = trials[0]
         if best is not first and "error" not in best and a.confirm_rounds > 0:
             winner = best
-            runs, best, rates = confirm(first, winner, measure, a.confirm_rounds, a.tolerance,
-                                        len(trials))
+            # the time kept for it, or at least one round if the winner came late
+            left = a.budget_s - (time.perf_counter() - t_start)
+            rounds = max(1, min(a.confirm_rounds, int(left // (2 * trial_s))))
+            runs, best, rates = confirm(first, winner, measure, rounds, a.tolerance, len(trials))
             trials += runs
-            confirmed = {"rounds": a.confirm_rounds, "images_per_s": rates,
+            confirmed = {"rounds": rounds, "images_per_s": rates,
                          "median": {k: statistics.median(v) for k, v in rates.items()},
                          "kept": "winner" if best is winner else "start"}
             if best is not winner:
