@@ -46,17 +46,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .cache_format import (
-    ALIGN, DATA_START, FORMAT_VERSION, SCALAR_KINDS, STATE_BUILDING, STATE_COMPLETE, VAR_KINDS,
-    CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, align, flatten,
-    header_bytes, infer_layout, leaf_to_array, make_unflatten, out_leaves, pack_preamble,
-    unpack_preamble, PREAMBLE_SIZE,
+    DATA_START, FORMAT_VERSION, JOURNAL_MAGIC, PREAMBLE_SIZE, STATE_BUILDING, STATE_COMPLETE,
+    VAR_KINDS, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, align,
+    apply_entries, entry_dtype, flatten, header_bytes, index_arrays, infer_layout,
+    infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves, pack_preamble,
+    pwrite_all, read_header, reserve,
 )
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
            "partial_progress", "main",
            "CacheError", "CacheFormatError", "CacheIncompleteError", "CacheMismatchError"]
-
-JOURNAL_MAGIC = b"PLJRNL\x00\x00"
 
 # ---------------------------------------------------------------------------------------------
 # Fingerprint and seeds
@@ -154,75 +153,6 @@ class _SavedRng:
 
 
 # ---------------------------------------------------------------------------------------------
-# Index arrays and journal entries
-
-
-def _entry_dtype(leaves: list[dict]) -> np.dtype:
-    fields: list = [("index", "<i8"), ("variant", "<i4")]
-    for lf in leaves:
-        j = lf["id"]
-        if lf["kind"] in VAR_KINDS:
-            fields += [(f"o{j}", "<u8"), (f"n{j}", "<u8"), (f"c{j}", "<u4")]
-            if lf["ndim"]:
-                fields.append((f"s{j}", "<i8", (lf["ndim"],)))
-        elif lf["kind"] != "none":
-            fields.append((f"v{j}", lf["dtype"]))
-    fields.append(("ecrc", "<u4"))
-    return np.dtype(fields)  # packed: no padding between fields
-
-
-def _index_arrays(leaves: list[dict], count: int, variants: int) -> dict[str, np.ndarray]:
-    arrs: dict[str, np.ndarray] = {}
-    for lf in leaves:
-        j = lf["id"]
-        if lf["kind"] in VAR_KINDS:
-            arrs[f"leaf{j}.offset"] = np.zeros((count, variants), "<u8")
-            arrs[f"leaf{j}.nbytes"] = np.zeros((count, variants), "<u8")
-            arrs[f"leaf{j}.crc"] = np.zeros((count, variants), "<u4")
-            if lf["ndim"]:
-                arrs[f"leaf{j}.shape"] = np.zeros((count, variants, lf["ndim"]), "<i8")
-        elif lf["kind"] != "none":
-            arrs[f"leaf{j}.value"] = np.zeros((count, variants), lf["dtype"])
-    return arrs
-
-
-def _apply_entries(arrs: dict[str, np.ndarray], done: np.ndarray, e: np.ndarray,
-                   leaves: list[dict]) -> None:
-    i, k = e["index"], e["variant"]
-    for lf in leaves:
-        j = lf["id"]
-        if lf["kind"] in VAR_KINDS:
-            arrs[f"leaf{j}.offset"][i, k] = e[f"o{j}"]
-            arrs[f"leaf{j}.nbytes"][i, k] = e[f"n{j}"]
-            arrs[f"leaf{j}.crc"][i, k] = e[f"c{j}"]
-            if lf["ndim"]:
-                arrs[f"leaf{j}.shape"][i, k] = e[f"s{j}"]
-        elif lf["kind"] != "none":
-            arrs[f"leaf{j}.value"][i, k] = e[f"v{j}"]
-    done[i, k] = True
-
-
-def _reserve(fd: int, nbytes: int) -> int:
-    """Reserve ``nbytes`` at the end of the file shared by all build processes; its offset.
-
-    ``flock`` is released by the kernel when a process dies, so no lock can stay held.
-    """
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        start = align(max(os.fstat(fd).st_size, DATA_START))
-        os.ftruncate(fd, start + align(max(nbytes, 1)))
-        return start
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
-    while len(buf):
-        n = os.pwrite(fd, buf, offset)
-        buf, offset = buf[n:], offset + n
-
-
-# ---------------------------------------------------------------------------------------------
 # Build workers
 
 _W: dict = {}  # per-process build state: dataset, seed, file descriptor, layout
@@ -243,7 +173,7 @@ def _init_worker(dataset: Any, partial: str, seed: int, in_process: bool = False
 def _set_layout(tree: dict) -> None:
     if _W["tree"] != tree:
         _W.update(tree=tree, leaves=infer_layout_from_tree(tree)[1])
-        _W["dtype"] = _entry_dtype(_W["leaves"])
+        _W["dtype"] = entry_dtype(_W["leaves"])
 
 
 def _probe(index: int) -> tuple[dict, list]:
@@ -305,11 +235,11 @@ def _write_record(fd: int, row: np.ndarray, i: int, k: int, values: list,
             sizes.append(align(a.nbytes))
         elif lf["kind"] != "none":
             row[f"v{lf['id']}"] = v
-    off = _reserve(fd, sum(sizes)) if arrays else 0
+    off = reserve(fd, sum(sizes)) if arrays else 0
     for (lf, a), size in zip(arrays, sizes):
         j = lf["id"]
         buf = memoryview(a.reshape(-1)).cast("B") if a.nbytes else memoryview(b"")
-        _pwrite_all(fd, buf, off)
+        pwrite_all(fd, buf, off)
         row[f"o{j}"], row[f"n{j}"], row[f"c{j}"] = off, a.nbytes, zlib.crc32(buf)
         if lf["ndim"]:
             row[f"s{j}"] = a.shape
@@ -347,7 +277,7 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
         if not os.path.exists(partial) and os.path.exists(journal):
             os.unlink(journal)  # left by a build killed between os.replace and cleanup
         try:
-            hdr = _read_header(path)
+            hdr = read_header(path)
         except CacheError:
             hdr = None
         if hdr is not None and hdr["source"]["fingerprint"] == fp \
@@ -403,21 +333,21 @@ def _build_locked(dataset: Any, path: str, partial: str, journal: str, jfd: int,
             jhead = header_bytes({**spec, "layout": tree})
             os.ftruncate(jfd, 0)
             os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
-            arrs, done = _index_arrays(leaves, count, variants), np.zeros((count, variants), bool)
-            row = np.zeros(1, _entry_dtype(leaves))
+            arrs, done = index_arrays(leaves, count, variants), np.zeros((count, variants), bool)
+            row = np.zeros(1, entry_dtype(leaves))
             _write_record(_W["fd"], row, 0, 0, values, leaves)
             first = row.tobytes()
         else:
             tree, leaves, arrs, done = state
             first = b""
         os.lseek(jfd, 0, os.SEEK_END)
-        dtype = _entry_dtype(leaves)
+        dtype = entry_dtype(leaves)
 
         def record(raw: bytes) -> int:
             if raw:
                 os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
                 e = np.frombuffer(raw, dtype)
-                _apply_entries(arrs, done, e, leaves)
+                apply_entries(arrs, done, e, leaves)
                 return len(e)
             return 0
 
@@ -514,14 +444,14 @@ def _resume(partial: str, journal: str, jfd: int, spec: dict):
         return None
     tree = jhead["layout"]
     _, leaves = infer_layout_from_tree(tree)
-    dtype = _entry_dtype(leaves)
+    dtype = entry_dtype(leaves)
     start = 12 + n
     size = os.fstat(jfd).st_size
     nent = max(0, (size - start) // dtype.itemsize)
     body = os.pread(jfd, nent * dtype.itemsize, start) if nent else b""
     ents = np.frombuffer(body, dtype)
     os.ftruncate(jfd, start + nent * dtype.itemsize)  # drop a torn last entry
-    arrs = _index_arrays(leaves, spec["count"], spec["variants"])
+    arrs = index_arrays(leaves, spec["count"], spec["variants"])
     done = np.zeros((spec["count"], spec["variants"]), bool)
     with open(partial, "rb") as f:
         fsize = os.fstat(f.fileno()).st_size
@@ -541,7 +471,7 @@ def _resume(partial: str, journal: str, jfd: int, spec: dict):
                         if o + nb > fsize or (nb and zlib.crc32(mm[o:o + nb]) != e[f"c{j}"][0]):
                             ok = False
                 if ok:
-                    _apply_entries(arrs, done, e, leaves)
+                    apply_entries(arrs, done, e, leaves)
         finally:
             if mm is not None:
                 mm.close()
@@ -561,23 +491,8 @@ def partial_progress(path: str | os.PathLike) -> tuple[int, int] | None:
     n = int.from_bytes(raw[8:12], "little")
     jhead = json.loads(raw[12:12 + n])
     _, leaves = infer_layout_from_tree(jhead["layout"])
-    done = (len(raw) - 12 - n) // _entry_dtype(leaves).itemsize
+    done = (len(raw) - 12 - n) // entry_dtype(leaves).itemsize
     return done, jhead["count"] * jhead["variants"]
-
-
-def infer_layout_from_tree(tree: dict) -> tuple[dict, list[dict]]:
-    """The leaves of a stored layout tree in flattening order."""
-    leaves: list[dict] = []
-
-    def walk(node: dict) -> None:
-        if node["t"] == "leaf":
-            leaves.append(node)
-        else:
-            for n in node["items"]:
-                walk(n)
-
-    walk(tree)
-    return tree, leaves
 
 
 def _finish(path: str, partial: str, journal: str, tree: dict, leaves: list[dict],
@@ -598,9 +513,9 @@ def _finish(path: str, partial: str, journal: str, tree: dict, leaves: list[dict
         hb = header_bytes(header)
         os.ftruncate(fd, off + len(hb))
         for name, a in arrs.items():
-            _pwrite_all(fd, memoryview(np.ascontiguousarray(a).reshape(-1)).cast("B"),
+            pwrite_all(fd, memoryview(np.ascontiguousarray(a).reshape(-1)).cast("B"),
                         table[name]["offset"])
-        _pwrite_all(fd, memoryview(hb), off)
+        pwrite_all(fd, memoryview(hb), off)
         os.fsync(fd)
         os.pwrite(fd, pack_preamble(STATE_COMPLETE, off, len(hb), zlib.crc32(hb)), 0)
         os.fsync(fd)
@@ -617,26 +532,6 @@ def _finish(path: str, partial: str, journal: str, tree: dict, leaves: list[dict
 
 # ---------------------------------------------------------------------------------------------
 # Reading
-
-
-def _read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -> dict:
-    """Check the preamble and return the JSON header of a complete cache file."""
-    if pre is None:
-        with open(path, "rb") as f:
-            pre = f.read(PREAMBLE_SIZE)
-            fsize = os.fstat(f.fileno()).st_size
-    p = unpack_preamble(pre, path)
-    if p.state != STATE_COMPLETE:
-        raise CacheIncompleteError(f"{path}: unfinished build (never completed); run "
-                                   "build_cache() on the same dataset again to finish it")
-    if p.hdr_off + p.hdr_len > fsize:
-        raise CacheFormatError(f"{path}: truncated: {fsize} bytes, the header ends at byte "
-                               f"{p.hdr_off + p.hdr_len}; rebuild the cache")
-    with open(path, "rb") as f:
-        hb = os.pread(f.fileno(), p.hdr_len, p.hdr_off)
-    if zlib.crc32(hb) != p.hdr_crc:
-        raise CacheFormatError(f"{path}: corrupted header (checksum mismatch); rebuild the cache")
-    return json.loads(hb)
 
 
 class CachedDataset:
@@ -680,7 +575,7 @@ class CachedDataset:
             raise FileNotFoundError(f"{path}: no such cache file")
         with open(path, "rb") as f:
             fsize = os.fstat(f.fileno()).st_size
-            hdr = _read_header(path, fsize, f.read(PREAMBLE_SIZE))
+            hdr = read_header(path, fsize, f.read(PREAMBLE_SIZE))
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count, variants = hdr["count"], hdr["variants"]
         tree, leaves = infer_layout_from_tree(hdr["layout"])

@@ -24,6 +24,12 @@ and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layo
 - scalar leaves (int, float, bool, numpy scalars): ``leaf{j}.value`` ``(count, variants)``;
 - ``None`` leaves store nothing.
 
+While a build runs, records go to ``PATH.partial`` (preamble state 0, no trailer) and every
+finished record is appended to ``PATH.partial.journal``: ``JOURNAL_MAGIC``, u32 length, a JSON
+header (format version, fingerprint, count, variants, seed, layout), then one packed row per record
+(``entry_dtype``: index, variant, per leaf offset/nbytes/crc/shape or value, crc32 of the row).
+A resumed build keeps the rows whose row and record checksums hold.
+
 The layout (JSON) is the tree of the first sample: ``{"t": "tuple"|"list", "items": [...]}``,
 ``{"t": "dict", "keys": [...], "items": [...]}`` or a leaf ``{"t": "leaf", "kind": ..., "id": j,
 "dtype": ..., "ndim": ...}`` with kind one of ``array``, ``tensor``, ``str``, ``bytes``, ``int``,
@@ -31,7 +37,9 @@ The layout (JSON) is the tree of the first sample: ``{"t": "tuple"|"list", "item
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -46,6 +54,7 @@ PREAMBLE_SIZE = 64
 DATA_START = 4096
 ALIGN = 64
 STATE_BUILDING, STATE_COMPLETE = 0, 1
+JOURNAL_MAGIC = b"PLJRNL\x00\x00"  # build journal: magic, u32 length, JSON, entries
 
 VAR_KINDS = ("array", "tensor", "str", "bytes")
 SCALAR_KINDS = {"int": "<i8", "float": "<f8", "bool": "|b1"}
@@ -250,3 +259,107 @@ def out_leaves(out: Any, tree: dict) -> list:
 def header_bytes(header: dict) -> bytes:
     """Canonical JSON encoding of a header."""
     return json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Index arrays and build-journal entries (one packed row per finished record)
+
+
+def entry_dtype(leaves: list[dict]) -> np.dtype:
+    fields: list = [("index", "<i8"), ("variant", "<i4")]
+    for lf in leaves:
+        j = lf["id"]
+        if lf["kind"] in VAR_KINDS:
+            fields += [(f"o{j}", "<u8"), (f"n{j}", "<u8"), (f"c{j}", "<u4")]
+            if lf["ndim"]:
+                fields.append((f"s{j}", "<i8", (lf["ndim"],)))
+        elif lf["kind"] != "none":
+            fields.append((f"v{j}", lf["dtype"]))
+    fields.append(("ecrc", "<u4"))
+    return np.dtype(fields)  # packed: no padding between fields
+
+
+def index_arrays(leaves: list[dict], count: int, variants: int) -> dict[str, np.ndarray]:
+    arrs: dict[str, np.ndarray] = {}
+    for lf in leaves:
+        j = lf["id"]
+        if lf["kind"] in VAR_KINDS:
+            arrs[f"leaf{j}.offset"] = np.zeros((count, variants), "<u8")
+            arrs[f"leaf{j}.nbytes"] = np.zeros((count, variants), "<u8")
+            arrs[f"leaf{j}.crc"] = np.zeros((count, variants), "<u4")
+            if lf["ndim"]:
+                arrs[f"leaf{j}.shape"] = np.zeros((count, variants, lf["ndim"]), "<i8")
+        elif lf["kind"] != "none":
+            arrs[f"leaf{j}.value"] = np.zeros((count, variants), lf["dtype"])
+    return arrs
+
+
+def apply_entries(arrs: dict[str, np.ndarray], done: np.ndarray, e: np.ndarray,
+                   leaves: list[dict]) -> None:
+    i, k = e["index"], e["variant"]
+    for lf in leaves:
+        j = lf["id"]
+        if lf["kind"] in VAR_KINDS:
+            arrs[f"leaf{j}.offset"][i, k] = e[f"o{j}"]
+            arrs[f"leaf{j}.nbytes"][i, k] = e[f"n{j}"]
+            arrs[f"leaf{j}.crc"][i, k] = e[f"c{j}"]
+            if lf["ndim"]:
+                arrs[f"leaf{j}.shape"][i, k] = e[f"s{j}"]
+        elif lf["kind"] != "none":
+            arrs[f"leaf{j}.value"][i, k] = e[f"v{j}"]
+    done[i, k] = True
+
+
+def reserve(fd: int, nbytes: int) -> int:
+    """Reserve ``nbytes`` at the end of the file shared by all build processes; its offset.
+
+    ``flock`` is released by the kernel when a process dies, so no lock can stay held.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        start = align(max(os.fstat(fd).st_size, DATA_START))
+        os.ftruncate(fd, start + align(max(nbytes, 1)))
+        return start
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
+    while len(buf):
+        n = os.pwrite(fd, buf, offset)
+        buf, offset = buf[n:], offset + n
+
+
+def infer_layout_from_tree(tree: dict) -> tuple[dict, list[dict]]:
+    """The leaves of a stored layout tree in flattening order."""
+    leaves: list[dict] = []
+
+    def walk(node: dict) -> None:
+        if node["t"] == "leaf":
+            leaves.append(node)
+        else:
+            for n in node["items"]:
+                walk(n)
+
+    walk(tree)
+    return tree, leaves
+
+
+def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -> dict:
+    """Check the preamble and return the JSON header of a complete cache file."""
+    if pre is None:
+        with open(path, "rb") as f:
+            pre = f.read(PREAMBLE_SIZE)
+            fsize = os.fstat(f.fileno()).st_size
+    p = unpack_preamble(pre, path)
+    if p.state != STATE_COMPLETE:
+        raise CacheIncompleteError(f"{path}: unfinished build (never completed); run "
+                                   "build_cache() on the same dataset again to finish it")
+    if p.hdr_off + p.hdr_len > fsize:
+        raise CacheFormatError(f"{path}: truncated: {fsize} bytes, the header ends at byte "
+                               f"{p.hdr_off + p.hdr_len}; rebuild the cache")
+    with open(path, "rb") as f:
+        hb = os.pread(f.fileno(), p.hdr_len, p.hdr_off)
+    if zlib.crc32(hb) != p.hdr_crc:
+        raise CacheFormatError(f"{path}: corrupted header (checksum mismatch); rebuild the cache")
+    return json.loads(hb)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import zlib
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from pooled_loader.cache import (
     CachedDataset, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError,
     build_cache, dataset_fingerprint, main, partial_progress, variant_for_epoch,
 )
-from pooled_loader.cache_format import FORMAT_VERSION, PREAMBLE_SIZE
+from pooled_loader.cache_format import FORMAT_VERSION
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
