@@ -231,9 +231,21 @@ def test_resume_after_sigkill(jpeg_root, tmp_path):
                 break
             assert proc.poll() is None, "the build ended before it could be killed"
             time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)  # the build and its workers
-    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # the main process only, as the OOM killer would
         proc.wait()
+        deadline = time.time() + 10  # its workers follow it (no orphan keeps writing)
+        while time.time() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("build workers outlived the killed build")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     done, total = partial_progress(path)
     assert 6 <= done < total == 24
     # not visible while unfinished, and a clear error that points to the partial file
