@@ -114,10 +114,13 @@ class LoaderStats:
     """Where the time goes and what moved, shared by the loader and its iterators."""
 
     def __init__(self) -> None:
+        self.skipped_seen: set = set()
+        self.reset()
+
+    def reset(self) -> None:
         self.counters: collections.Counter = collections.Counter()
         self.worker_busy_s: collections.Counter = collections.Counter()
         self.started = time.perf_counter()
-        self.skipped_seen: set = set()
 
     def record_skips(self, skipped: list) -> None:
         for index, reason in skipped:
@@ -217,6 +220,10 @@ class PooledLoader(DataLoader):
             "worker_busy_fraction": {w: b / elapsed for w, b in busy.items()} if elapsed else {},
             "elapsed_s": elapsed,
         }
+
+    def reset_stats(self) -> None:
+        """Start the time and traffic figures of `stats()`/`report()` afresh (pool figures stay)."""
+        self._stats.reset()
 
     def report(self) -> str:
         """One paragraph saying whether the loader or the training step is the bottleneck."""

@@ -151,6 +151,9 @@ class BatchMaker:
         self.skipped = []
         if self.cfg.iterable:
             samples = self._samples(payload)
+            pop_skips = getattr(self.cfg.dataset, "pop_skips", None)
+            if callable(pop_skips):  # an iterable dataset that skips by itself reports them
+                self.skipped.extend(pop_skips())
             if samples is None:
                 return None
             if self.cfg.collate_fn is not None:
@@ -362,8 +365,6 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
     if cfg.start_method != "forkserver":
         _exit_with_parent()
     torch.set_num_threads(1)
-    if "cv2" in sys.modules:  # one thread per worker, as for torch: workers are the parallelism
-        sys.modules["cv2"].setNumThreads(1)
     seed = seed_worker(cfg.base_seed, worker_id)
     set_worker_info(worker_id, cfg.num_workers, seed, cfg.dataset)
     pending: collections.deque = collections.deque()

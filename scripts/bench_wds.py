@@ -155,10 +155,31 @@ def webloader(shards, augment, batch, workers):
     return wds.WebLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True), None
 
 
+class _PilSample:
+    """webdataset's usual recipe: ``.decode("pil")`` then a PIL RandomResizedCrop + flip
+    (scripts/peers.py's torchvision-equivalent), uint8 CHW tensor."""
+
+    def __call__(self, sample: dict) -> tuple[Any, int]:
+        import peers
+        return peers.pil_augment(sample["jpg"]), int(sample["cls"])
+
+
+def webloader_pil(shards, augment, batch, workers):
+    import webdataset as wds
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    ds = (wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False, seed=0)
+          .shuffle(1000)
+          .decode("pil")
+          .map(_PilSample())
+          .batched(batch, collation_fn=torch.utils.data.default_collate, partial=True))
+    return wds.WebLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True), None
+
+
 LOADERS = {
     "PooledLoader + pl WebDataset": pooled,
     "webdataset.WebLoader": webloader,
     "torch DataLoader + pl WebDataset": dataloader,
+    "webdataset.WebLoader, PIL decode (its usual recipe)": webloader_pil,
 }
 
 
@@ -213,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(count_samples(s) for s in shards)
     augment = make_augment() if args.work == "decode" else _NoWork()
     built = {name: make(shards, augment, args.batch, args.workers)
-             for name, make in LOADERS.items()}
+             for name, make in LOADERS.items() if args.work == "decode" or "PIL" not in name}
     rates: dict[str, list[float]] = {name: [] for name in built}
     per_cpu: dict[str, list[float]] = {name: [] for name in built}
     for epoch in range(args.warmup + args.epochs):
@@ -246,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         pc = statistics.median(per_cpu[name] or [math.nan])
         print(f"| {name} | {med:.0f} | {', '.join(f'{x:.0f}' for x in r)} | {med / ref:.2f}x "
               f"| {pc:.0f} | {pc / cpu_ref:.2f}x |")
+    pil = [r for name, r in rates.items() if "PIL" in name]
+    if pil:
+        ours = statistics.median(rates["PooledLoader + pl WebDataset"])
+        print(f"PooledLoader + pl WebDataset / WebLoader with PIL decode: "
+              f"{ours / statistics.median(pil[0]):.2f}x")
     return 0
 
 
