@@ -47,7 +47,8 @@ import numpy as np
 
 from .cache_format import (
     DATA_START, FORMAT_VERSION, JOURNAL_MAGIC, PREAMBLE_SIZE, STATE_BUILDING, STATE_COMPLETE,
-    VAR_KINDS, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, align,
+    VAR_KINDS, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError,
+    CacheRecordError, align,
     apply_entries, entry_dtype, flatten, header_bytes, index_arrays, infer_layout,
     infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves, pack_preamble,
     pwrite_all, read_header, reserve,
@@ -55,7 +56,8 @@ from .cache_format import (
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
            "partial_progress", "main",
-           "CacheError", "CacheFormatError", "CacheIncompleteError", "CacheMismatchError"]
+           "CacheError", "CacheFormatError", "CacheIncompleteError", "CacheMismatchError",
+           "CacheRecordError"]
 
 # ---------------------------------------------------------------------------------------------
 # Fingerprint and seeds
@@ -641,7 +643,11 @@ class CachedDataset:
         return variant_for_epoch(self.seed, self.epoch, index, self.header["variants"])
 
     def raw(self, index: int, variant: int | None = None) -> Any:
-        """The stored sample (read-only numpy views of the file), without the transform."""
+        """The stored sample (arrays are read-only views of the file), without the transform;
+        ``variant`` defaults to the current epoch's."""
+        return self._unflatten(self._values(index, variant))
+
+    def _values(self, index: int, variant: int | None = None) -> list:
         self._ensure_open()
         count = self.header["count"]
         if index < 0:
@@ -649,6 +655,9 @@ class CachedDataset:
         if not 0 <= index < count:
             raise IndexError(f"index {index} out of range for a cache of {count} samples")
         k = self.variant(index) if variant is None else variant
+        if not 0 <= k < self.header["variants"]:
+            raise IndexError(f"variant {k} out of range: the cache stores "
+                             f"{self.header['variants']}")
         return [self._leaf(lf, index, k) for lf in self._leaves]
 
     def _leaf(self, lf: dict, i: int, k: int) -> Any:
@@ -661,7 +670,7 @@ class CachedDataset:
         off, n = int(a[f"leaf{j}.offset"][i, k]), int(a[f"leaf{j}.nbytes"][i, k])
         if self.check_crc and zlib.crc32(memoryview(self._mm)[off:off + n]) \
                 != a[f"leaf{j}.crc"][i, k]:
-            raise CacheFormatError(f"{self.path}: record {i} (variant {k}) of leaf {j} is "
+            raise CacheRecordError(f"{self.path}: record {i} (variant {k}) of leaf {j} is "
                                    "corrupted (crc32 mismatch); rebuild the cache")
         if kind == "str":
             return bytes(self._mm[off:off + n]).decode("utf-8")
@@ -681,7 +690,7 @@ class CachedDataset:
         return self._sample(index, out_leaves(out, self._tree))
 
     def _sample(self, index: int, outs: list | None) -> Any:
-        values = self.raw(index)
+        values = self._values(index)
         for lf in self._leaves:
             j = lf["id"]
             if not self._var[j] or lf["kind"] in ("str", "bytes"):
@@ -731,7 +740,7 @@ class CachedDataset:
                     off = int(self._arrays[f"leaf{j}.offset"][i, k])
                     n = int(self._arrays[f"leaf{j}.nbytes"][i, k])
                     if zlib.crc32(mv[off:off + n]) != self._arrays[f"leaf{j}.crc"][i, k]:
-                        raise CacheFormatError(
+                        raise CacheRecordError(
                             f"{self.path}: record {i} (variant {k}) of leaf {j} is corrupted "
                             "(crc32 mismatch); rebuild the cache")
 

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import SampleError
+
 MAGIC = b"PLCACHE\x00"
 FORMAT_VERSION = 1
 PREAMBLE = struct.Struct("<8sIIQQII")  # 40 bytes, padded to PREAMBLE_SIZE
@@ -66,6 +68,10 @@ class CacheError(Exception):
 
 class CacheFormatError(CacheError):
     """Not a cache file, another format version, a truncated file or a corrupted header/record."""
+
+
+class CacheRecordError(CacheFormatError, SampleError):
+    """One record fails its checksum (a SampleError: the loader's ``on_error="skip"`` skips it)."""
 
 
 class CacheIncompleteError(CacheError):

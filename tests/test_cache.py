@@ -18,6 +18,7 @@ from pooled_loader.cache import (
     build_cache, dataset_fingerprint, main, partial_progress, variant_for_epoch,
 )
 from pooled_loader.cache_format import FORMAT_VERSION
+from pooled_loader.errors import SampleError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -359,6 +360,9 @@ def test_corrupted_record_found_by_verify_and_check_crc(built, tmp_path):
         CachedDataset(bad).verify()
     with pytest.raises(CacheFormatError, match=r"record 5 .*crc32"):
         CachedDataset(bad, check_crc=True)[5]
+    with pytest.raises(SampleError):  # so the loader's on_error="skip" can skip it
+        CachedDataset(bad, check_crc=True).getitem_into(5, (np.zeros((1, 1, 3), np.uint8), None))
+    CachedDataset(bad, check_crc=True)[4]  # the other records still read
     assert main(["cache", "verify", bad]) == 1
 
 
