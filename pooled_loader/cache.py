@@ -48,10 +48,9 @@ import numpy as np
 from .cache_format import (
     DATA_START, FORMAT_VERSION, JOURNAL_MAGIC, PREAMBLE_SIZE, STATE_BUILDING, STATE_COMPLETE,
     VAR_KINDS, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError,
-    CacheRecordError, align,
-    apply_entries, entry_dtype, flatten, header_bytes, index_arrays, infer_layout,
-    infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves, pack_preamble,
-    pwrite_all, read_header, reserve,
+    CacheRecordError, align, apply_entries, entry_dtype, flatten, header_bytes, index_arrays,
+    infer_layout, infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves,
+    pack_preamble, pwrite_all, read_header, reserve,
 )
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
