@@ -8,11 +8,14 @@
 
 ``build_cache`` runs ``dataset[i]`` once per index (``variants`` times with distinct seeds when
 the dataset's transform is random), and stores every sample in one file (format:
-``pooled_loader.cache_format``). Workers write records straight into the file and send the main
-process only their index entries, so sample data is never pickled. The build goes to
-``path + ".partial"`` with a journal ``path + ".partial.journal"`` of finished records; an
-interrupted build (Ctrl-C, crash, SIGKILL) resumes from the journal on the next call with the same
-dataset fingerprint, and the finished file appears at ``path`` atomically (fsync, ``os.replace``).
+``pooled_loader.cache_format``). The build runs on ``PooledLoader``'s worker processes (or in
+this process when ``num_workers=0``): they write records straight into the file and send the
+main process only their index entries, so sample data is never pickled; a failing sample is
+reported with its index, file, worker and traceback, and workers exit with the main process.
+The build goes to ``path + ".partial"`` with a journal ``path + ".partial.journal"`` of finished
+records; an interrupted build (Ctrl-C, crash, SIGKILL) resumes from the journal on the next call
+with the same dataset fingerprint, and the finished file appears at ``path`` atomically (fsync,
+``os.replace``).
 
 ``CachedDataset`` maps the file read-only and hands the transform numpy views of the records (no
 copy); ``getitem_into`` lets the transform's last op write straight into the loader's batch slot.
@@ -33,14 +36,10 @@ import mmap
 import os
 import random
 import re
-import signal
 import sys
-import threading
 import time
 import warnings
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -52,6 +51,8 @@ from .cache_format import (
     infer_layout, infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves,
     pack_preamble, pwrite_all, read_header, reserve,
 )
+from .errors import WorkerError
+from .loader import PooledLoader
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
            "partial_progress", "main",
@@ -154,67 +155,77 @@ class _SavedRng:
 
 
 # ---------------------------------------------------------------------------------------------
-# Build workers
-
-_W: dict = {}  # per-process build state: dataset, seed, file descriptor, layout
+# Build tasks: run by PooledLoader's workers (or in-process when num_workers=0)
 
 
-def _init_worker(dataset: Any, partial: str, seed: int, in_process: bool = False,
-                 inherited_lock_fd: int = -1) -> None:
-    if inherited_lock_fd >= 0:  # a forked worker must not keep the build lock alive
-        os.close(inherited_lock_fd)
-    if not in_process:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
-        _die_with_parent()
-        if "torch" in sys.modules:  # as DataLoader workers do (not cv2.setNumThreads: it
-            sys.modules["torch"].set_num_threads(1)  # can hang in a forked child)
-    _W.update(dataset=dataset, seed=seed, fd=os.open(partial, os.O_RDWR), tree=None)
+class _SampleFailed(CacheError):
+    """The source dataset failed on a sample (re-raised by the loader with worker and task)."""
 
 
-def _set_layout(tree: dict) -> None:
-    if _W["tree"] != tree:
-        _W.update(tree=tree, leaves=infer_layout_from_tree(tree)[1])
-        _W["dtype"] = entry_dtype(_W["leaves"])
+class _BuildTasks:
+    """Map-style dataset of build tasks: ``tasks[pairs]`` computes the records of ``pairs``
+    (``(index, variant)`` tuples), writes them straight into the ``.partial`` file and returns
+    ``(layout or None, journal rows as bytes)``: only those small rows travel back. The layout is
+    given on resume, else inferred from each process's first sample and sent with its first
+    result (the main process checks that all agree)."""
+
+    def __init__(self, dataset: Any, partial: str, seed: int, tree: dict | None,
+                 lock_fd: int) -> None:
+        self.dataset, self.partial, self.seed, self.tree = dataset, partial, seed, tree
+        st = os.fstat(lock_fd)
+        self.lock, self.owner = (lock_fd, st.st_dev, st.st_ino), os.getpid()
+        self._pid = self._fd = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pid": None, "_fd": None}
+
+    def _open(self) -> None:
+        """Per process: its own fd (so ``reserve``'s flock excludes the other workers)."""
+        if os.getpid() != self.owner:  # a forked worker must not keep the build lock alive
+            fd, dev, ino = self.lock
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (dev, ino):
+                    os.close(fd)
+            except OSError:
+                pass
+        self._fd, self._pid, self._sent = os.open(self.partial, os.O_RDWR), os.getpid(), False
+        self._set_layout(self.tree)
+
+    def _set_layout(self, tree: dict | None) -> None:
+        self._tree = tree
+        if tree is not None:
+            self._leaves = infer_layout_from_tree(tree)[1]
+            self._dtype = entry_dtype(self._leaves)
+
+    def __getitem__(self, pairs: Sequence[tuple[int, int]]) -> tuple[dict | None, bytes]:
+        if self._pid != os.getpid():
+            self._open()
+        ds, rows = self.dataset, None
+        for r, (i, k) in enumerate(pairs):
+            try:
+                _seed_everything(self.seed, i, k)
+                sample = ds[i]
+                if self._tree is None:
+                    self._set_layout(infer_layout(sample)[0])
+                values = flatten(sample, self._tree, f"dataset[{i}]")
+                if rows is None:
+                    rows = np.zeros(len(pairs), self._dtype)
+                _write_record(self._fd, rows[r:r + 1], i, k, values, self._leaves)
+            except Exception as e:
+                raise _SampleFailed(f"sample {i}{_sample_name(ds, i)} (variant {k}): "
+                                    f"{type(e).__name__}: {e}") from e
+        tree, self._sent = (None if self._sent else self._tree), True
+        return tree, rows.tobytes()
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            os.close(self._fd)
+            self._pid = self._fd = None
 
 
-def _probe(index: int) -> tuple[dict, list]:
-    """Layout of ``dataset[index]`` (variant 0) and its leaf values."""
-    _seed_everything(_W["seed"], index, 0)
-    tree, _ = infer_layout(sample := _W["dataset"][index])
-    return tree, flatten(sample, tree)
-
-
-def _die_with_parent() -> None:
-    """Exit when the building process dies (SIGKILL included), so no orphan keeps writing."""
-    parent = os.getppid()
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _build_chunk(pairs: Sequence[tuple[int, int]], tree: dict) -> tuple[bytes, str | None]:
-    """Produce, write and describe records; (journal entries, error message or None)."""
-    _set_layout(tree)
-    ds, tree, leaves, fd, seed = _W["dataset"], _W["tree"], _W["leaves"], _W["fd"], _W["seed"]
-    rows = np.zeros(len(pairs), _W["dtype"])
-    for r, (i, k) in enumerate(pairs):
-        try:
-            _seed_everything(seed, i, k)
-            values = flatten(ds[i], tree, f"dataset[{i}]")
-            _write_record(fd, rows[r:r + 1], i, k, values, leaves)
-        except Exception as e:  # report what finished, then the error
-            return rows[:r].tobytes(), (f"sample {i}{_sample_name(ds, i)} (variant {k}): "
-                                        f"{type(e).__name__}: {e}")
-    return rows.tobytes(), None
+def _as_is(result: Any) -> Any:
+    return result
 
 
 def _sample_name(ds: Any, i: int) -> str:
@@ -262,8 +273,8 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
     Resumes an interrupted build of the same dataset (fingerprint), seed and variants from
     ``path + ".partial"``. If ``path`` already holds a complete cache of this dataset it is kept
     (``overwrite=True`` rebuilds it); a cache of another dataset there raises CacheMismatchError.
-    Returns ``path``. ``num_workers`` processes (``multiprocessing_context``, default fork where
-    available) write records straight into the file.
+    Returns ``path``. ``num_workers`` PooledLoader worker processes (``multiprocessing_context``,
+    default fork where available) write records straight into the file; 0 builds in-process.
     """
     path = os.fspath(path)
     if variants < 1:
@@ -314,119 +325,65 @@ def _build_locked(dataset: Any, path: str, partial: str, journal: str, jfd: int,
     if state is None:
         with open(partial, "wb") as f:
             f.write(pack_preamble(STATE_BUILDING).ljust(DATA_START, b"\x00"))
-    _init_worker(dataset, partial, seed, in_process=True)
-    ex = _make_pool(dataset, partial, seed, num_workers, mp_context, jfd) if num_workers > 0 \
-        else None
+        tree, leaves, arrs, done = None, None, None, np.zeros((count, variants), bool)
+    else:
+        tree, leaves, arrs, done = state
+    todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~done))]
+    tasks = [tuple(todo[s:s + chunk_size]) for s in range(0, len(todo), chunk_size)]
+    builder = _BuildTasks(dataset, partial, seed, tree, jfd)
+    if num_workers > 0:  # fork where available: the dataset need not be picklable
+        import multiprocessing as mp
+        mp_context = mp_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
+        extra = {"multiprocessing_context": mp_context, "persistent_workers": True,
+                 "prefetch_factor": 3}  # persistent: close() stops the workers at once
+    else:
+        extra = {}
+    loader = PooledLoader(builder, batch_size=None, sampler=tasks, num_workers=num_workers,
+                          collate_fn=_as_is, in_order=False, **extra)
     from tqdm import tqdm
-    bar = tqdm(total=count * variants, initial=0 if state is None else int(state[3].sum()),
-               disable=not progress, desc=f"caching {os.path.basename(path)}", unit="rec",
-               smoothing=0.05)
-    done = None
+    bar = tqdm(total=count * variants, initial=int(done.sum()), disable=not progress,
+               desc=f"caching {os.path.basename(path)}", unit="rec", smoothing=0.05)
+    os.lseek(jfd, 0, os.SEEK_END)
     try:
-        if state is None:  # fresh build: sample 0 gives the layout (computed by a worker
-            # if there are workers, so this process never runs the pipeline before forking)
-            try:
-                tree, values = ex.submit(_probe, 0).result() if ex else _probe(0)
-            except Exception as e:
-                raise CacheError(f"building {path}: sample 0{_sample_name(dataset, 0)}: "
-                                 f"{type(e).__name__}: {e}") from e
-            _, leaves = infer_layout_from_tree(tree)
-            jhead = header_bytes({**spec, "layout": tree})
-            os.ftruncate(jfd, 0)
-            os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
-            arrs, done = index_arrays(leaves, count, variants), np.zeros((count, variants), bool)
-            row = np.zeros(1, entry_dtype(leaves))
-            _write_record(_W["fd"], row, 0, 0, values, leaves)
-            first = row.tobytes()
-        else:
-            tree, leaves, arrs, done = state
-            first = b""
-        os.lseek(jfd, 0, os.SEEK_END)
-        dtype = entry_dtype(leaves)
-
-        def record(raw: bytes) -> int:
-            if raw:
-                os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
-                e = np.frombuffer(raw, dtype)
-                apply_entries(arrs, done, e, leaves)
-                return len(e)
-            return 0
-
-        bar.update(record(first))
-        todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~done))]
-        chunks = [todo[s:s + chunk_size] for s in range(0, len(todo), chunk_size)]
-        if ex is None:
-            for c in chunks:
-                raw, err = _build_chunk(c, tree)
-                bar.update(record(raw))
-                if err:
-                    raise CacheError(f"building {path}: {err}; finished records are kept in "
-                                     f"{partial}: fix the cause and run the build again to "
-                                     "resume")
-        else:
-            _run_pool(ex, tree, chunks, num_workers, record, bar, path, partial)
+        for got, raw in (loader if tasks else ()):
+            if got is not None and got != tree:  # a process's first result brings its layout
+                if tree is not None:
+                    raise CacheError(f"building {path}: samples differ in structure ({got} vs "
+                                     f"{tree}); every sample must have the same layout")
+                tree, leaves = infer_layout_from_tree(got)
+                jhead = header_bytes({**spec, "layout": tree})
+                os.ftruncate(jfd, 0)
+                os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
+                os.lseek(jfd, 0, os.SEEK_END)
+                arrs = index_arrays(leaves, count, variants)
+            os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
+            e = np.frombuffer(raw, entry_dtype(leaves))
+            apply_entries(arrs, done, e, leaves)
+            bar.update(len(e))
     except KeyboardInterrupt:
         bar.close()
-        kept = 0 if done is None else int(done.sum())
-        print(f"\ninterrupted: {kept} of {count * variants} records kept in {partial}; run the "
-              "build again to resume", file=sys.stderr)
+        print(f"\ninterrupted: {int(done.sum())} of {count * variants} records kept in "
+              f"{partial}; run the build again to resume", file=sys.stderr)
         raise
+    except (_SampleFailed, WorkerError) as e:  # in-process: keep the sample's traceback
+        raise CacheError(_failure(path, partial, e)) from (None if num_workers else e)
     finally:
         bar.close()
-        if ex is not None:
-            ex.shutdown(wait=True, cancel_futures=True)
-        os.close(_W.pop("fd"))
-        _W.clear()
+        loader.close()
+        builder.close()
     _finish(path, partial, journal, tree, leaves, arrs, info, fp, count, variants, seed)
 
 
-def _make_pool(dataset: Any, partial: str, seed: int, num_workers: int, mp_context: str | None,
-               jfd: int) -> ProcessPoolExecutor:
-    import multiprocessing as mp
-    ctx = mp.get_context(mp_context or ("fork" if "fork" in mp.get_all_start_methods()
-                                        else None))
-    forked = ctx.get_start_method() == "fork"
-    return ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker,
-                               initargs=(dataset, partial, seed, False, jfd if forked else -1))
-
-
-def _run_pool(ex: ProcessPoolExecutor, tree: dict, chunks: list, num_workers: int,
-              record: Callable[[bytes], int], bar: Any, path: str, partial: str) -> None:
-    it = iter(chunks)
-    running: set[Future] = set()
-    error = None
-    try:
-        for c in it:
-            running.add(ex.submit(_build_chunk, c, tree))
-            if len(running) >= 3 * num_workers:
-                break
-        while running:
-            finished, running = wait(running, return_when=FIRST_COMPLETED)
-            for f in finished:
-                raw, err = f.result()
-                bar.update(record(raw))
-                error = error or err
-            if error is None:
-                for c in it:
-                    running.add(ex.submit(_build_chunk, c, tree))
-                    if len(running) >= 3 * num_workers:
-                        break
-    except KeyboardInterrupt:  # keep what the workers finish: they ignore SIGINT
-        for f in running:
-            f.cancel()
-        for f in running:
-            if not f.cancelled():
-                try:
-                    record(f.result()[0])
-                except Exception:
-                    pass
-        raise
-    except BrokenProcessPool as e:
-        raise CacheError(f"building {path}: a build worker died ({e}); finished records are "
-                         f"kept in {partial}: run the build again to resume") from None
-    if error:
-        raise CacheError(f"building {path}: {error}; finished records are kept in {partial}: "
-                         "fix the cause and run the build again to resume")
+def _failure(path: str, partial: str, e: Exception) -> str:
+    """One line naming the sample (or the dead worker), then the loader's report if any."""
+    msg = str(e).rstrip()
+    if isinstance(e, WorkerError):
+        return (f"building {path}: a build worker died ({msg}); finished records are kept in "
+                f"{partial}: run the build again to resume")
+    found = re.findall(r"(?m)(sample \d+.*\(variant \d+\): .*)$", msg)
+    head = found[-1] if found else msg.splitlines()[0]
+    return (f"building {path}: {head}; finished records are kept in {partial}: fix the cause "
+            "and run the build again to resume" + ("" if head == msg else f"\n\n{msg}"))
 
 
 def _resume(partial: str, journal: str, jfd: int, spec: dict):
