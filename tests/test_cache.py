@@ -208,6 +208,31 @@ def test_workers_fork_and_spawn(jpeg_root, built, ctx, tmp_path):
     assert n == len(ds)
 
 
+class WhoBuilds(JpegFolder):
+    """Stores, with each sample, what torch.utils.data.get_worker_info() said while making it."""
+
+    def __getitem__(self, i):
+        img, label = super().__getitem__(i)
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return img, label, -1, 0, os.getpid(), ""
+        return img, label, info.id, info.num_workers, os.getpid(), type(info.dataset).__name__
+
+
+def test_build_runs_in_pooled_loader_workers(jpeg_root, tmp_path):
+    path = str(tmp_path / "who.plc")
+    build_cache(WhoBuilds(jpeg_root, transform=Chain([Decode(), ResizeMax(32)])), path,
+                num_workers=2, chunk_size=2, progress=False)
+    seen = [CachedDataset(path).raw(i)[2:] for i in range(24)]
+    assert {s[0] for s in seen} == {0, 1}  # PooledLoader workers 0 and 1 made the records
+    assert all(s[1] == 2 and s[2] != os.getpid() and s[3] == "_BuildTasks" for s in seen)
+    assert len({s[2] for s in seen}) == 2
+    path0 = str(tmp_path / "who0.plc")  # num_workers=0: in this process, through the loader
+    build_cache(WhoBuilds(jpeg_root, transform=Chain([Decode(), ResizeMax(32)])), path0,
+                num_workers=0, progress=False)
+    assert {CachedDataset(path0).raw(i)[2:5] for i in range(24)} == {(-1, 0, os.getpid())}
+
+
 # ---- resume and atomic visibility ------------------------------------------------------------
 
 BUILD_SCRIPT = textwrap.dedent("""
