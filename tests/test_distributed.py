@@ -18,6 +18,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 import pooled_loader.distributed as pdist
+from pooled_loader import PooledLoader
 from pooled_loader.distributed import (make_distributed_sampler, rank_and_world,
                                        warn_if_undistributed)
 from pooled_loader.webdataset import WebDataset
@@ -39,14 +40,6 @@ def make_shards(root, sizes):
 
 def sample_id(sample):
     return int(sample["txt"])
-
-
-def loader_class():
-    try:
-        from pooled_loader import PooledLoader
-    except ImportError:
-        return DataLoader
-    return PooledLoader
 
 
 # -- without a process group -----------------------------------------------------------------
@@ -110,7 +103,7 @@ def rank_main(rank, port, shard_dir, seed, out_dir, worker_start):
                             world_size=WORLD, timeout=timedelta(seconds=30))
     try:
         ds = WebDataset(shard_dir, transform=sample_id, seed=seed, shuffle_buffer=8)
-        loader = loader_class()(ds, batch_size=BATCH, num_workers=WORKERS,
+        loader = PooledLoader(ds, batch_size=BATCH, num_workers=WORKERS,
                                 multiprocessing_context=worker_start,
                                 persistent_workers=worker_start == "spawn")
         epochs = []
@@ -132,12 +125,11 @@ def rank_main(rank, port, shard_dir, seed, out_dir, worker_start):
             pdist._warned_undistributed = False
             warned += [warn_if_undistributed(False, None),
                        warn_if_undistributed(True, DistributedSampler(list(range(4))))]
-        map_loader = loader_class()(list(range(10)), batch_size=2, shuffle=True, distributed=True) \
-            if loader_class() is not DataLoader else None
+        map_loader = PooledLoader(list(range(10)), batch_size=2, shuffle=True, distributed=True)
         result = {
             "epochs": epochs, "len": len(ds), "rank_world": list(rank_and_world()),
             "warned": warned, "messages": [str(w.message) for w in caught],
-            "map_indices": [int(i) for b in map_loader for i in b] if map_loader else None,
+            "map_indices": [int(i) for b in map_loader for i in b],
         }
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
@@ -195,17 +187,14 @@ def test_three_ranks_two_workers_uneven_shards(tmp_path):
     for r in res:
         assert r["warned"] == [True, False, False, False]
         assert len(r["messages"]) == 1 and "every rank" in r["messages"][0]
-    if res[0]["map_indices"] is not None:  # PooledLoader(distributed=True), map-style
-        parts = [r["map_indices"] for r in res]
-        assert [len(p) for p in parts] == [4, 4, 4]  # ceil(10 / 3), padded by repetition
-        assert set(i for p in parts for i in p) == set(range(10))
+    parts = [r["map_indices"] for r in res]  # PooledLoader(distributed=True), map-style
+    assert [len(p) for p in parts] == [4, 4, 4]  # ceil(10 / 3), padded by repetition
+    assert set(i for p in parts for i in p) == set(range(10))
 
 
 def test_pooled_loader_distributed_with_webdataset(monkeypatch, tmp_path):
     """distributed=True over a WebDataset: no sampler, the dataset splits itself by rank."""
-    cls = loader_class()
-    if cls is DataLoader:
-        pytest.skip("pooled_loader.PooledLoader is not importable")
+    cls = PooledLoader
     make_shards(str(tmp_path), SIZES)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from webdataset.tariterators import tarfile_samples
 
 import pooled_loader.webdataset as pwds
+from pooled_loader import PooledLoader
 from pooled_loader import shards
 from pooled_loader.errors import SampleError
 from pooled_loader.webdataset import WebDataset, count_samples, expand_shards
@@ -47,17 +48,9 @@ def sample_id(sample):
     return int(sample["txt"])
 
 
-def loader_class():
-    try:
-        from pooled_loader import PooledLoader
-    except ImportError:
-        return DataLoader
-    return PooledLoader
-
-
 def run_epoch(ds, epoch, num_workers=2, batch_size=4, cls=None):
     ds.set_epoch(epoch)
-    loader = (cls or loader_class())(ds, batch_size=batch_size, num_workers=num_workers)
+    loader = (cls or PooledLoader)(ds, batch_size=batch_size, num_workers=num_workers)
     return [[int(i) for i in batch] for batch in loader]
 
 
@@ -116,7 +109,7 @@ def test_counts_and_len(shard_dir, monkeypatch):
 @pytest.mark.parametrize("which", ["torch", "pooled"])
 def test_workers_split_one_epoch_exactly(shard_dir, which):
     """Two workers, batches formed per worker: every sample once (torch's DataLoader and ours)."""
-    cls = DataLoader if which == "torch" else loader_class()
+    cls = DataLoader if which == "torch" else PooledLoader
     if cls is DataLoader and which == "pooled":
         pytest.skip("pooled_loader.PooledLoader is not importable")
     batches = run_epoch(WebDataset(shard_dir, transform=sample_id), epoch=0, cls=cls)
