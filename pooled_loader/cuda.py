@@ -1,7 +1,10 @@
 """Pinned slots and GPU staging.
 
 - `pin_pool`: every arena of a pool is registered once as page-locked memory
-  (`cudaHostRegister`), so every batch comes out pinned with no per-batch pinned copy.
+  (`cudaHostRegister`), so every batch comes out pinned with no per-batch pinned copy. A slot
+  released while an async copy on the current stream may still read it returns to the free list
+  only after an event recorded at release has completed (copies the user queues on other streams
+  must be synchronised by the user, as for any pinned buffer they free).
 - `DeviceIter`: batches go to the GPU by `non_blocking` copies on a side stream; an event recorded
   after each copy is waited on by the consumer's stream before the batch is handed out, so copies
   of batch k+1 overlap the step on batch k. The host slot of a batch is released only once its copy
@@ -56,6 +59,14 @@ def pin_pool(pool: SlotPool) -> None:
     for arena in pool.arenas():
         register(arena)
     pool.on_new_arena.append(register)
+
+    def fence() -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record()  # on the releasing thread's current stream, where its copies were queued
+        return event
+    pool.release_fence = fence
+    pool.fence_done = lambda event: event.query()
+    pool.fence_wait = lambda event: event.synchronize()
 
 
 class CudaBackend:

@@ -14,7 +14,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -97,7 +97,14 @@ class SlotPool:
         self._lock = threading.Lock()
         self._arenas: dict[int, Arena] = {}
         self._free: collections.deque[tuple[int, int]] = collections.deque()
-        self._returned: collections.deque[SlotRef] = collections.deque()  # filled by __del__
+        self._returned: collections.deque[tuple[SlotRef, Any]] = collections.deque()  # by __del__
+        self._fenced: collections.deque[tuple[SlotRef, Any]] = collections.deque()
+        # Set by pooled_loader.cuda on a pinned pool: a released slot may still be read by an
+        # async copy queued on the releasing thread's stream, so release records a fence (a CUDA
+        # event) and the slot is reused only once it has completed.
+        self.release_fence: Callable[[], Any] | None = None
+        self.fence_done: Callable[[Any], bool] = lambda fence: True
+        self.fence_wait: Callable[[Any], None] = lambda fence: None
         self._next_arena = 0
         self._min_bytes = 0
         self._grow_warning = grow_warning
@@ -139,7 +146,12 @@ class SlotPool:
     # -- slots ----------------------------------------------------------------------------------
     def _drain_returned(self) -> None:
         while self._returned:
-            ref = self._returned.popleft()
+            self._fenced.append(self._returned.popleft())
+        while self._fenced:
+            ref, fence = self._fenced[0]
+            if fence is not None and not self.fence_done(fence):
+                break  # fences complete in order on one stream: the rest are later
+            self._fenced.popleft()
             arena = self._arenas.get(ref.arena_id)
             if arena is None:
                 continue
@@ -161,6 +173,16 @@ class SlotPool:
                     self.counters["reuses"] += 1
                     return arena.slot_ref(index)
                 self._free.append((arena_id, index))
+            if self._fenced:  # a copy is still reading a released slot: wait for it, not grow
+                self.fence_wait(self._fenced[0][1])
+                self._fenced[0] = (self._fenced[0][0], None)
+                self._drain_returned()
+                for _ in range(len(self._free)):
+                    arena_id, index = self._free.popleft()
+                    if self._arenas[arena_id].slot_bytes >= self._min_bytes:
+                        self.counters["reuses"] += 1
+                        return self._arenas[arena_id].slot_ref(index)
+                    self._free.append((arena_id, index))
             return self._grow(min_bytes)
 
     def _grow(self, min_bytes: int) -> SlotRef:
@@ -181,16 +203,17 @@ class SlotPool:
 
     def release(self, ref: SlotRef) -> None:
         """Give back a slot that was never leased (a task failed or was dropped)."""
-        self._returned.append(ref)
+        self._returned.append((ref, None))
 
     def lease(self, ref: SlotRef) -> SlotLease:
         """Wrap a filled slot; the slot returns to the pool when the lease and its views are gone."""
         arena = self._arenas[ref.arena_id]
         returned = self._returned
+        fence = self.release_fence
         self.counters["batches"] += 1
 
-        def give_back(lease: SlotLease, returned=returned) -> None:
-            returned.append(lease.ref)
+        def give_back(lease: SlotLease, returned=returned, fence=fence) -> None:
+            returned.append((lease.ref, fence() if fence is not None else None))
 
         return SlotLease(arena, ref, give_back)
 

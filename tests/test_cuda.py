@@ -133,3 +133,30 @@ def test_device_batches_equal_host_batches_and_kept_ones_stay_correct():
     torch.cuda.synchronize()
     for (hi, hl), (di, dl) in zip(host, kept):
         assert di.is_cuda and torch.equal(di.cpu(), hi) and torch.equal(dl.cpu(), hl)
+
+
+def test_released_slots_wait_for_their_fence_before_reuse():
+    loader = PooledLoader(Images(40), batch_size=4, pool_slots=2)
+    it = iter(loader)
+    pool = loader._pool
+    fences = []
+
+    class Fence:
+        done = False
+    pool.release_fence = lambda: fences.append(Fence()) or fences[-1]
+    pool.fence_done = lambda f: f.done
+    waited = []
+    pool.fence_wait = lambda f: waited.append(f)
+    images, labels = next(it)
+    del images, labels
+    gc.collect()
+    assert len(fences) == 1 and pool.stats()["slots_in_use"] == 1  # fenced: not free yet
+    fences[0].done = True
+    assert pool.stats()["slots_in_use"] == 0
+    # when no slot is free, acquire waits for the oldest fence instead of growing the pool
+    batches = [next(it) for _ in range(2)]
+    del batches
+    gc.collect()
+    grown = pool.stats()["grown"]
+    next(it), next(it)
+    assert pool.stats()["grown"] == grown and len(waited) >= 1
