@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
 
-ORDER = ["ours", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg", "ffcv_raw",
+ORDER = ["ours", "ours_cached", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg", "ffcv_raw",
          "ceiling", "ceiling_dct"]
 
 

@@ -554,7 +554,8 @@ def run_ours(data_dir: str, batch: int = 256, workers: int = 2, epochs: int = 3,
                               f"{type(e).__name__}: {e}") from e
     ds = ImageFolder(data_dir, transform=Compose([DecodeImage(), RandomResizedCrop(SIZE),
                                                   RandomHorizontalFlip(), ToCHW()]))
-    loader = PooledLoader(ds, batch_size=batch, shuffle=True, num_workers=workers)
+    loader = PooledLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                          persistent_workers=workers > 0)
     try:
         return time_epochs(lambda: loader, epochs, warmup, expect=len(ds))
     finally:
@@ -563,8 +564,34 @@ def run_ours(data_dir: str, batch: int = 256, workers: int = 2, epochs: int = 3,
             close()
 
 
+def run_ours_cached(data_dir: str, batch: int = 256, workers: int = 2, epochs: int = 3,
+                    warmup: int = 1) -> list[float]:
+    """PooledLoader over pooled_loader.cache.CachedDataset: decode + Resize(max_side=512) once
+    (the cache is built next to the dataset on first use, not timed), then the random tail
+    RandomResizedCrop(224) + flip + CHW each epoch: the counterpart of FFCV RAW."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from pooled_loader import PooledLoader
+    from pooled_loader.cache import CachedDataset, build_cache
+    from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
+                                      RandomResizedCrop, Resize, ToCHW)
+    front = ImageFolder(data_dir, transform=Compose([DecodeImage(), Resize(max_side=512)]))
+    path = _cache_dir(data_dir, "plcache") + "/max512.plc"
+    build_cache(front, path, num_workers=workers, progress=False)
+    ds = CachedDataset(path, transform=Compose([RandomResizedCrop(SIZE), RandomHorizontalFlip(),
+                                                ToCHW()]), expect_fingerprint_of=front)
+    loader = PooledLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                          persistent_workers=True)
+    try:
+        return time_epochs(lambda: loader, epochs, warmup, expect=len(ds))
+    finally:
+        loader.close()
+
+
 PEERS: dict[str, Callable[..., list[float]]] = {
     "ours": run_ours,
+    "ours_cached": run_ours_cached,
     "torch_pil": run_torch_pil,
     "webdataset": run_webdataset,
     "dali": run_dali,
