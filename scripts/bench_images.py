@@ -4,8 +4,8 @@
     python scripts/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
 
-Every loader (see scripts/peers.py: ours, torch_pil, webdataset, dali, dali_fused, ffcv_jpg,
-ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW batches
+Every loader (see scripts/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
+ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW batches
 over the same ImageFolder.  Each runs in its own fresh Python process (so one library's threads,
 JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and then `epochs` timed
 ones; its figure is the median images/s of the timed epochs.  With --rounds R the whole comparison
@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
 
-ORDER = ["ours", "ours_cached", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg", "ffcv_raw",
-         "ceiling", "ceiling_dct"]
+ORDER = ["ours", "ours_cached", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg",
+         "ffcv_raw", "ceiling", "ceiling_dct"]
 
 
 def run_one(name: str, a) -> dict:

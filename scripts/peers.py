@@ -27,7 +27,10 @@ is missing raises ``PeerUnavailable`` with the install command.
                    core, images/s multiplied by the number of usable cores
     ceiling_dct    the same, but decoding at the smallest DCT scale (1/2, 1/4, 1/8) that keeps
                    the crop >= 224 on both sides (what a loader that downsizes in the DCT can do)
-    ours           pooled_loader.PooledLoader over pooled_loader.vision.ImageFolder
+    ours           pooled_loader.PooledLoader over pooled_loader.vision.ImageFolder (persistent
+                   workers, like torch_pil)
+    ours_cached    PooledLoader over pooled_loader.cache.CachedDataset (decoded once, max side
+                   512; built next to the dataset on first use, untimed): the FFCV RAW counterpart
 
 Run one peer by itself (prints a JSON line): ``python scripts/peers.py NAME --data DIR``.
 """
@@ -572,10 +575,14 @@ def run_ours_cached(data_dir: str, batch: int = 256, workers: int = 2, epochs: i
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
         sys.path.insert(0, root)
-    from pooled_loader import PooledLoader
-    from pooled_loader.cache import CachedDataset, build_cache
-    from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
-                                      RandomResizedCrop, Resize, ToCHW)
+    try:
+        from pooled_loader import PooledLoader
+        from pooled_loader.cache import CachedDataset, build_cache
+        from pooled_loader.vision import (Compose, DecodeImage, ImageFolder,
+                                          RandomHorizontalFlip, RandomResizedCrop, Resize, ToCHW)
+    except Exception as e:
+        raise PeerUnavailable(f"pooled_loader.cache / pooled_loader.vision not importable: "
+                              f"{type(e).__name__}: {e}") from e
     front = ImageFolder(data_dir, transform=Compose([DecodeImage(), Resize(max_side=512)]))
     path = _cache_dir(data_dir, "plcache") + "/max512.plc"
     build_cache(front, path, num_workers=workers, progress=False)
