@@ -5,13 +5,13 @@
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
 
 Every loader (see scripts/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
-ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8
-CHW batches over the same ImageFolder.  Each runs in its own fresh Python process (so one
-library's threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and
-then `epochs` timed ones; its figure is the median images/s of the timed epochs.  With --rounds R the whole comparison
-is repeated R times (loaders interleaved, so slow drift in machine load spreads over all of them)
-and the figure is the median over the R per-round medians.  A loader whose library is missing is
-listed as unavailable with the reason; the others still run.
+ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW
+batches over the same ImageFolder. Each runs in its own fresh Python process (so one library's
+threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and then
+`epochs` timed ones; its figure is the median images/s of the timed epochs. With --rounds R the
+whole comparison is repeated R times (loaders interleaved, so slow drift in machine load spreads
+over all of them) and the figure is the median over the R per-round medians. A loader whose library
+is missing is listed as unavailable with the reason; the others still run.
 
 The table's "x ours" column is this loader's images/s divided by ours from the same round
 (median over rounds); "ceiling" rows are an upper bound, not a loader.  Load averages before and
