@@ -335,8 +335,9 @@ class _IterBase:
         except TypeError:
             pass
         self._last_yield: float | None = None
-        # Drawn like DataLoader does (even without workers), so a seeded generator gives
-        # DataLoader's exact shuffle order.
+        # Sampler first, then the base seed, as DataLoader does (even without workers), so a
+        # seeded generator gives DataLoader's exact shuffle order.
+        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
         self._seed = _base_seed(loader)
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
@@ -400,7 +401,6 @@ class _InProcessIter(_IterBase):
                            self._seed, loader.on_error, "none")
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
         self._maker.reset_iterator()
-        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
         self._task = 0
 
     def __next__(self) -> Any:
@@ -438,14 +438,12 @@ class _WorkerIter(_IterBase):
 
     def __init__(self, loader: PooledLoader) -> None:
         super().__init__(loader)
-        self._loader_dataset = loader.dataset
         self._num_workers = loader.num_workers
         self._prefetch = loader.prefetch_factor or 2
         self._timeout = loader.timeout
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._ctx = loader.multiprocessing_context or multiprocessing.get_context()
-        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
         self._cfg = WorkerConfig(
             loader.dataset, self._iterable, loader._auto_collation, loader.batch_size,
             loader.drop_last, loader._pooled_collate(), loader.worker_init_fn,
