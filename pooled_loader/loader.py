@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert

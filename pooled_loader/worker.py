@@ -96,6 +96,7 @@ class BatchMaker:
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
+        self.known_bad: set = set()
         self.current_index: Any = None
 
     # -- fetching samples ------------------------------------------------------------------------
@@ -116,11 +117,16 @@ class BatchMaker:
     def _replace(self, index: Any, exc: Exception, out: Any) -> Any:
         """on_error="skip": draw replacement samples, reproducibly from the seed and the index."""
         self.skipped.append((index, f"{type(exc).__name__}: {exc}"))
+        self.known_bad.add(index)
         if self.dataset_len is None:
             self.dataset_len = len(self.cfg.dataset)
         rng = random.Random(f"{self.cfg.base_seed}:{index}")
         for _ in range(MAX_REPLACEMENTS):
             other = rng.randrange(self.dataset_len)
+            for _ in range(64):  # prefer samples this worker has not yet seen fail
+                if other not in self.known_bad:
+                    break
+                other = rng.randrange(self.dataset_len)
             self.current_index = other
             try:
                 if out is not None:
@@ -128,6 +134,7 @@ class BatchMaker:
                 return self.cfg.dataset[other]
             except Exception as exc2:  # noqa: BLE001 - every failure is counted and reported
                 self.skipped.append((other, f"{type(exc2).__name__}: {exc2}"))
+                self.known_bad.add(other)
         raise SampleFailure(index) from exc
 
     def _samples(self, payload: Any) -> list | None:

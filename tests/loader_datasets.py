@@ -4,7 +4,6 @@ from __future__ import annotations
 import collections
 import os
 import random
-import signal
 import time
 
 import numpy as np

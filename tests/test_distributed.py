@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import webdataset as wds
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import DistributedSampler, IterableDataset
 
 import pooled_loader.distributed as pdist
 from pooled_loader import PooledLoader

@@ -54,19 +54,22 @@ def test_len_and_samplers():
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(shuffle=True, sampler=SequentialSampler(range(3))),
-    dict(batch_sampler=[[0]], batch_size=2),
-    dict(num_workers=-1),
-    dict(prefetch_factor=2),
-    dict(persistent_workers=True),
-    dict(timeout=-1),
+@pytest.mark.parametrize("dataset,kwargs", [
+    (Images(3), dict(shuffle=True, sampler=SequentialSampler(range(3)))),
+    (Images(3), dict(batch_sampler=[[0]], batch_size=2)),
+    (Images(3), dict(num_workers=-1)),
+    (Images(3), dict(prefetch_factor=2)),
+    (Images(3), dict(persistent_workers=True)),
+    (Images(3), dict(timeout=-1)),
+    (Counting(4), dict(shuffle=True)),
+    (Counting(4), dict(sampler=[0, 1])),
+    (Counting(4), dict(batch_sampler=[[0]])),
 ])
-def test_invalid_arguments_raise_the_same_errors(kwargs):
+def test_invalid_arguments_raise_the_same_errors(dataset, kwargs):
     with pytest.raises(ValueError) as theirs:
-        DataLoader(Images(3), **kwargs)
+        DataLoader(dataset, **kwargs)
     with pytest.raises(ValueError) as ours:
-        PooledLoader(Images(3), **kwargs)
+        PooledLoader(dataset, **kwargs)
     assert str(ours.value) == str(theirs.value)
 
 

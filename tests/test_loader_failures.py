@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from loader_datasets import Dying, Failing, Images, Slow, list_collate
+from loader_datasets import Dying, Failing, Images, Slow
 from pooled_loader import PooledLoader, WorkerError
 
 

@@ -46,15 +46,6 @@ def test_empty_dataset_yields_nothing():
     assert list(PooledLoader(Counting(0), batch_size=4, num_workers=2)) == []
 
 
-def test_iterable_dataset_len_and_sampler_errors_match_dataloader():
-    for kw in (dict(shuffle=True), dict(sampler=[0, 1]), dict(batch_sampler=[[0]])):
-        with pytest.raises(ValueError) as theirs:
-            DataLoader(Counting(4), **kw)
-        with pytest.raises(ValueError) as ours:
-            PooledLoader(Counting(4), **kw)
-        assert str(ours.value) == str(theirs.value)
-
-
 def test_no_file_descriptors_leak_across_epochs():
     loader = PooledLoader(Images(32), batch_size=8, num_workers=2)
     list(loader)

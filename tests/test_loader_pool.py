@@ -6,11 +6,10 @@ import sys
 import textwrap
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
-from loader_datasets import Big, Growing, Images
+from loader_datasets import Growing, Images
 from pooled_loader import PooledLoader, SlotPool
 
 
