@@ -50,8 +50,16 @@ class RandomCrops(torch.utils.data.Dataset):
         return (img.int() + torch.randint(0, 8, ())).clamp_(0, 255).to(torch.uint8), i
 
 
-def loader(n: int, batch: int, **kw) -> PooledLoader:
-    return PooledLoader(RandomCrops(n), batch_size=batch, shuffle=True, num_workers=2,
+class Plain(RandomCrops):
+    """No per-sample work: isolates the copy path (bandwidth, overlap)."""
+
+    def __getitem__(self, i: int):
+        return self.base[i % 8], i
+
+
+def loader(n: int, batch: int, dataset: type = RandomCrops, workers: int = 2,
+           **kw) -> PooledLoader:
+    return PooledLoader(dataset(n), batch_size=batch, shuffle=True, num_workers=workers,
                         generator=torch.Generator().manual_seed(0), **kw)
 
 
@@ -100,7 +108,7 @@ def timed_copy(src: torch.Tensor, dst: torch.Tensor, reps: int = 20) -> float:
 
 
 def check_bandwidth() -> None:
-    ld = loader(256, 256, pin_memory=True)
+    ld = loader(256, 256, Plain, pin_memory=True)
     x, _ = next(iter(ld))
     dst = torch.empty(x.shape, dtype=x.dtype, device="cuda")
     slot = statistics.median(timed_copy(x, dst) for _ in range(3))
@@ -139,7 +147,8 @@ def make_step(target_ms: float = 10.0):
 def check_overlap() -> None:
     step, step_ms = make_step()
     batches = 60
-    ld = loader(64 * (batches + 5), 64, device="cuda", persistent_workers=True)
+    workers = max(2, min(8, (os.cpu_count() or 2) - 2))
+    ld = loader(64 * (batches + 5), 64, Plain, workers, device="cuda", persistent_workers=True)
     resident = [x for x, _ in ld][:batches]  # data already on the GPU
     torch.cuda.synchronize()
     start = time.perf_counter()
