@@ -495,8 +495,9 @@ class _WorkerIter(_IterBase):
             if self._retire_hook in self._pool.on_retire_arena:
                 self._pool.on_retire_arena.remove(self._retire_hook)
             self._finalizer()
-            for task_id in list(self._tasks):
-                self._pool.release(self._tasks.pop(task_id)[1])
+            for tasks in (self._tasks, self._stale):  # workers are gone: nothing writes these
+                for task_id in list(tasks):
+                    self._pool.release(tasks.pop(task_id)[1])
             for entry in self._ready.values():
                 if entry[0] == "done":
                     self._pool.release(entry[1][0])
