@@ -198,13 +198,13 @@ def same_structure(a: tuple, b: tuple) -> bool:
     return True
 
 
-def empty_like_tree(spec: tuple, arrays: list, metas_default: Any = None) -> Any:
+def empty_like_tree(spec: tuple, arrays: list) -> Any:
     """The `out` tree of the zero-copy protocol: `arrays[i]` at array leaves, None elsewhere."""
     tag = spec[0]
     if tag == "leaf":
         return arrays[spec[1]]
     if tag == "meta":
-        return metas_default
+        return None
     if tag == "map":
         return {k: empty_like_tree(c, arrays) for k, c in zip(spec[2], spec[3])}
     children = [empty_like_tree(c, arrays) for c in spec[-1]]

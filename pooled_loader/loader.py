@@ -42,7 +42,6 @@ class _Worker:
     process: Any
     conn: Any
     active: bool = True  # False once an iterable dataset's worker is exhausted
-    outstanding: int = 0
 
 
 def _signal_name(code: int) -> str:

@@ -217,9 +217,6 @@ class SlotPool:
 
         return SlotLease(arena, ref, give_back)
 
-    def arena(self, arena_id: int) -> Arena:
-        return self._arenas[arena_id]
-
     def arenas(self) -> list[Arena]:
         return list(self._arenas.values())
 

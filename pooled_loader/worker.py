@@ -73,14 +73,6 @@ def _converted_leaf(leaf: Leaf) -> Leaf:
     return Leaf("tensor", leaf.shape, _tensor_dtype(leaf))
 
 
-def _data_ptr(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.data_ptr()
-    if isinstance(value, np.ndarray):
-        return value.__array_interface__["data"][0]
-    return -1
-
-
 class BatchMaker:
     """Builds one batch into one slot; knows nothing about processes."""
 
