@@ -166,24 +166,26 @@ class SlotPool:
                 self._min_bytes = min_bytes
                 for arena in list(self._arenas.values()):
                     self._retire_if_idle(arena)
-            for _ in range(len(self._free)):
-                arena_id, index = self._free.popleft()
-                arena = self._arenas[arena_id]
-                if arena.slot_bytes >= self._min_bytes:
-                    self.counters["reuses"] += 1
-                    return arena.slot_ref(index)
-                self._free.append((arena_id, index))
-            if self._fenced:  # a copy is still reading a released slot: wait for it, not grow
+            ref = self._pop_free()
+            if ref is None and self._fenced:  # a copy still reads a released slot: wait, not grow
                 self.fence_wait(self._fenced[0][1])
                 self._fenced[0] = (self._fenced[0][0], None)
                 self._drain_returned()
-                for _ in range(len(self._free)):
-                    arena_id, index = self._free.popleft()
-                    if self._arenas[arena_id].slot_bytes >= self._min_bytes:
-                        self.counters["reuses"] += 1
-                        return self._arenas[arena_id].slot_ref(index)
-                    self._free.append((arena_id, index))
+                ref = self._pop_free()
+            if ref is not None:
+                self.counters["reuses"] += 1
+                return ref
             return self._grow(min_bytes)
+
+    def _pop_free(self) -> SlotRef | None:
+        """The first free slot large enough for the current batches, or None."""
+        for _ in range(len(self._free)):
+            arena_id, index = self._free.popleft()
+            arena = self._arenas[arena_id]
+            if arena.slot_bytes >= self._min_bytes:
+                return arena.slot_ref(index)
+            self._free.append((arena_id, index))
+        return None
 
     def _grow(self, min_bytes: int) -> SlotRef:
         live = [a for a in self._arenas.values() if a.slot_bytes >= self._min_bytes]
