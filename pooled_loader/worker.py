@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import random
 import signal
@@ -48,13 +49,10 @@ class WorkerConfig:
 
 
 class SampleFailure(Exception):
-    """Raised by `BatchMaker` with the index of the sample whose loading failed."""
-
-    def __init__(self, index: Any):
-        super().__init__(index)
-        self.index = index
+    """Raised by `BatchMaker` when a sample failed to load; the original error is its cause."""
 
 
+@functools.lru_cache(maxsize=None)  # called per batch and leaf
 def _numpy_to_torch_name(dtype: np.dtype) -> str:
     return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype).split(".")[1]
 
@@ -95,12 +93,15 @@ class BatchMaker:
     def reset_iterator(self) -> None:
         self.iterator = iter(self.cfg.dataset) if self.cfg.iterable else None
 
-    def _fetch(self, index: Any, out: Any = None) -> Any:
+    def _load(self, index: Any, out: Any) -> Any:
         self.current_index = index
+        if out is not None:
+            return self.cfg.dataset.getitem_into(index, out)
+        return self.cfg.dataset[index]
+
+    def _fetch(self, index: Any, out: Any = None) -> Any:
         try:
-            if out is not None:
-                return self.cfg.dataset.getitem_into(index, out)
-            return self.cfg.dataset[index]
+            return self._load(index, out)
         except Exception as exc:
             if self.cfg.on_error != "skip":
                 raise SampleFailure(index) from exc
@@ -119,11 +120,8 @@ class BatchMaker:
                 if other not in self.known_bad:
                     break
                 other = rng.randrange(self.dataset_len)
-            self.current_index = other
             try:
-                if out is not None:
-                    return self.cfg.dataset.getitem_into(other, out)
-                return self.cfg.dataset[other]
+                return self._load(other, out)
             except Exception as exc2:  # noqa: BLE001 - every failure is counted and reported
                 self.skipped.append((other, f"{type(exc2).__name__}: {exc2}"))
                 self.known_bad.add(other)
@@ -185,10 +183,8 @@ class BatchMaker:
             ref = self.request_slot(task_id, total, ref)
         slot = self.arenas.slot(ref)
         for leaf, off, value in zip(out_leaves, offsets, arrays):
-            src = as_numpy(value)
             dst = slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
-            np.copyto(dst, src.view(leaf.storage_dtype) if src.dtype != leaf.storage_dtype
-                      else src, casting="no")
+            np.copyto(dst, as_numpy(value), casting="no")  # as_numpy gives the storage dtype
         if convert:  # default_convert, like default_collate, turns tuples into lists
             spec = collated_spec(spec)
         return (ref, spec, list(zip(out_leaves, offsets)), metas, 1)
