@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .constants import ALIGN, round_up
 from .errors import SampleError
 
 MAGIC = b"PLCACHE\x00"
@@ -54,7 +55,6 @@ FORMAT_VERSION = 1
 PREAMBLE = struct.Struct("<8sIIQQII")  # 40 bytes, padded to PREAMBLE_SIZE
 PREAMBLE_SIZE = 64
 DATA_START = 4096
-ALIGN = 64
 STATE_BUILDING, STATE_COMPLETE = 0, 1
 JOURNAL_MAGIC = b"PLJRNL\x00\x00"  # build journal: magic, u32 length, JSON, entries
 
@@ -82,9 +82,7 @@ class CacheMismatchError(CacheError):
     """The cache was built from another dataset or transform than the one it is used with."""
 
 
-def align(n: int, a: int = ALIGN) -> int:
-    """``n`` rounded up to a multiple of ``a``."""
-    return (n + a - 1) // a * a
+align = round_up  # records and index arrays start at multiples of ALIGN (64 bytes)
 
 
 def pack_preamble(state: int, hdr_off: int = 0, hdr_len: int = 0, hdr_crc: int = 0) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-ALIGN = 64
+from .constants import ALIGN, round_up
 
 _TORCH_TO_NUMPY = {
     torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
@@ -92,7 +92,7 @@ def place(leaves: list[Leaf]) -> tuple[list[int], int]:
     offsets, end = [], 0
     for leaf in leaves:
         offsets.append(end)
-        end += (leaf.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        end += round_up(leaf.nbytes, ALIGN)
     return offsets, end
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from .constants import BOTTLENECK_WAIT_SHARE, FIRST_SLOT_BYTES, default_pool_slots
 from .errors import WorkerError
 from .layout import unflatten
 from .pool import ArenaMap, SlotPool, SlotRef
@@ -233,7 +234,7 @@ class PooledLoader(DataLoader):
         share = wait_s / total
         verdict = ("the LOADER is the bottleneck: the training loop waited for data "
                    f"{share:.0%} of the time; add workers, use a cache, or lighten the transform"
-                   if share > 0.1 else
+                   if share > BOTTLENECK_WAIT_SHARE else
                    f"the TRAINING STEP is the bottleneck: it waited for data only {share:.0%} "
                    "of the time; the loader keeps up")
         busy = ", ".join(f"worker {w}: {f:.0%}" for w, f in
@@ -259,11 +260,11 @@ class PooledLoader(DataLoader):
     def _default_slots(self) -> int:
         if self.pool_slots is not None:
             return self.pool_slots
-        return self.num_workers * (self.prefetch_factor or 2) + 2 if self.num_workers else 3
+        return default_pool_slots(self.num_workers, self.prefetch_factor)
 
     def _get_pool(self) -> SlotPool:
         if self._pool is None:
-            self._pool = SlotPool(4096, self._default_slots(), GROW_WARNING)
+            self._pool = SlotPool(FIRST_SLOT_BYTES, self._default_slots(), GROW_WARNING)
             if self.pin_memory and torch.cuda.is_available() or (
                     self.device is not None and self.device.type == "cuda"):
                 from .cuda import pin_pool

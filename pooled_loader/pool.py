@@ -18,11 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .constants import DRY_GROWTH_DIVISOR, DRY_GROWTH_MIN_SLOTS, OVERSIZE_HEADROOM, round_up
+
 PAGE = mmap.PAGESIZE
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class Arena:
 
     def __init__(self, arena_id: int, slot_bytes: int, num_slots: int):
         self.id = arena_id
-        self.slot_bytes = _round_up(max(slot_bytes, 1), PAGE)
+        self.slot_bytes = round_up(max(slot_bytes, 1), PAGE)
         self.num_slots = num_slots
         self.nbytes = self.slot_bytes * num_slots
         self.fd = os.memfd_create(f"pooled_loader-{os.getpid()}-{arena_id}", os.MFD_CLOEXEC)
@@ -194,12 +192,12 @@ class SlotPool:
             if not self._warned and self._grow_warning:
                 self._warned = True
                 warnings.warn(self._grow_warning.format(slots=self.capacity()), stacklevel=4)
-            count = max(2, sum(a.num_slots for a in live) // 2)
+            count = max(DRY_GROWTH_MIN_SLOTS, sum(a.num_slots for a in live) // DRY_GROWTH_DIVISOR)
             arena = self._add_arena(max(a.slot_bytes for a in live), count)
         else:  # a batch too large for every slot: larger slots, same count
             self.counters["grown_size"] += 1
             count = max(self.num_slots_hint, 1)
-            arena = self._add_arena(_round_up(int(min_bytes * 1.25), PAGE), count)
+            arena = self._add_arena(round_up(int(min_bytes * OVERSIZE_HEADROOM), PAGE), count)
         self._free.remove((arena.id, 0))
         return arena.slot_ref(0)
 

@@ -45,6 +45,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_POOL_EXTRA_SLOTS, DEFAULT_PREFETCH_FACTOR,
+                        default_pool_slots)
 from .loader import PooledLoader
 
 KNOBS = ("num_workers", "batch_size", "prefetch_factor", "pool_extra")
@@ -63,8 +65,7 @@ class Setting:
     @property
     def pool_slots(self) -> int:
         """Slots: batches in flight (``num_workers * prefetch_factor``, 1 in-process) + extra."""
-        in_flight = self.num_workers * self.prefetch_factor if self.num_workers else 1
-        return in_flight + self.pool_extra
+        return default_pool_slots(self.num_workers, self.prefetch_factor, self.pool_extra)
 
     def loader_kwargs(self) -> dict:
         """Keyword arguments for ``PooledLoader`` (besides the dataset)."""
@@ -206,7 +207,7 @@ def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batc
         "batches": s1["batches"] - s0["batches"], "samples": samples, "measured_s": window,
         "setup_s": setup_s,
         "wait_s": wait, "consumer_s": consumer, "wait_fraction": wait_fraction,
-        "bottleneck": "loader" if wait_fraction > 0.1 else "step",
+        "bottleneck": "loader" if wait_fraction > BOTTLENECK_WAIT_SHARE else "step",
         "worker_busy_fraction": busy,
         "worker_busy_mean": sum(busy.values()) / len(busy) if busy else None,
         "slots": s1.get("slots"), "slots_in_use": s1.get("slots_in_use"),
@@ -446,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     space = {"num_workers": a.workers, "batch_size": batch_sizes,
              "prefetch_factor": a.prefetch, "pool_extra": a.pool_extra}
     start = Setting(_start(a.workers, a.cpus), _start(batch_sizes, 128),
-                    _start(a.prefetch, 2), _start(a.pool_extra, 2))
+                    _start(a.prefetch, DEFAULT_PREFETCH_FACTOR),
+                    _start(a.pool_extra, DEFAULT_POOL_EXTRA_SLOTS))
     reserve = 2 * max(0, a.confirm_rounds)  # trials kept for the confirmation
     planned = 1 + sum(len(v) - 1 for v in space.values()) + reserve
     trial_s = a.budget_s / planned

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data._utils import worker as torch_worker
 
+from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, place, same_structure)
 from .pool import ArenaMap, SlotRef
@@ -116,7 +117,7 @@ class BatchMaker:
         rng = random.Random(f"{self.cfg.base_seed}:{index}")
         for _ in range(MAX_REPLACEMENTS):
             other = rng.randrange(self.dataset_len)
-            for _ in range(64):  # prefer samples this worker has not yet seen fail
+            for _ in range(REPLACEMENT_REDRAWS):  # prefer samples this worker has not yet seen fail
                 if other not in self.known_bad:
                     break
                 other = rng.randrange(self.dataset_len)
@@ -336,7 +337,7 @@ def _exit_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the process that started it dies."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
 

@@ -1,0 +1,67 @@
+"""Policy numbers shared by several modules, each with its unit and the reason for its value.
+
+One place, so that the loader, the tuner, the pool and the cache cannot drift apart (they did:
+the bottleneck share and the default pool size were each written twice). Numbers that only one
+module uses and that explain themselves there stay in that module.
+"""
+from __future__ import annotations
+
+ALIGN = 64
+"""Bytes. Alignment of every array leaf in a slot (`layout.place`) and of every record and index
+array in a cache file (`cache_format`): one cache line, and a multiple of every dtype's itemsize
+and of a 512-bit SIMD load. Cache readers use the offsets stored in the file, so changing this
+would not make old caches unreadable; it would only change the layout of new ones."""
+
+FIRST_SLOT_BYTES = 4096
+"""Bytes. Slot size of the pool before the first batch is seen: one page. The first batch larger
+than this replaces the slots by ones sized from it (see `OVERSIZE_HEADROOM`), so the value only
+has to be small, not right."""
+
+DRY_GROWTH_MIN_SLOTS = 2
+"""Slots. When every slot is in use (the user keeps batches), the pool adds an arena of half as
+many slots as it has (it grows by 1.5x, so a steadily leaking user costs O(log n) arenas), and at
+least this many, so that a tiny pool does not grow one slot at a time."""
+
+DRY_GROWTH_DIVISOR = 2
+"""Ratio. The arena added when the pool runs dry holds `live slots // DRY_GROWTH_DIVISOR` slots."""
+
+OVERSIZE_HEADROOM = 1.25
+"""Ratio. A batch too large for every slot gets new slots this much larger than itself, so that
+batches that vary a little in size (variable-length text, the last partial batch's neighbours)
+do not trigger a new arena each time."""
+
+BOTTLENECK_WAIT_SHARE = 0.1
+"""Fraction of wall time. When the training loop spends more than this share of its time waiting
+for batches, the loader is called the bottleneck (`PooledLoader.report`, `tune`). Below it the
+wait is within the noise of a loaded machine and the training step dominates."""
+
+DEFAULT_PREFETCH_FACTOR = 2
+"""Batches per worker in flight when `prefetch_factor` is not given (as torch's DataLoader)."""
+
+DEFAULT_POOL_EXTRA_SLOTS = 2
+"""Slots. Pool slots beyond the batches in flight: the batch the training step is using and the one
+the loader hands out next, so workers never wait for a slot in a loop that drops its batches."""
+
+
+def default_pool_slots(num_workers: int, prefetch_factor: int | None,
+                       extra: int = DEFAULT_POOL_EXTRA_SLOTS) -> int:
+    """Pool slots for a loader: the batches in flight (`num_workers * prefetch_factor`, or 1 when
+    batches are built in the main process) plus `extra`."""
+    if not num_workers:
+        return 1 + extra
+    return num_workers * (prefetch_factor or DEFAULT_PREFETCH_FACTOR) + extra
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux `prctl` option (`<linux/prctl.h>`): the signal a process gets when its parent dies.
+Workers ask for SIGKILL, so a killed main process leaves no orphan workers."""
+
+REPLACEMENT_REDRAWS = 64
+"""Draws. With `on_error="skip"`, how many times a worker redraws a replacement index that it has
+already seen fail before trying it anyway: bounded, so a dataset of mostly bad samples cannot
+spin, and large enough that a few bad samples are almost never drawn twice."""
+
+
+def round_up(n: int, to: int = ALIGN) -> int:
+    """`n` rounded up to a multiple of `to` (bytes, by default to `ALIGN`)."""
+    return (n + to - 1) // to * to
