@@ -11,6 +11,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import time
 import warnings
 import weakref
@@ -45,19 +46,34 @@ class _Worker:
     active: bool = True  # False once an iterable dataset's worker is exhausted
 
 
-def _signal_name(code: int) -> str:
-    import signal
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
+def describe_exit(worker_id: int, pid: int | None, exitcode: int | None) -> str:
+    """Why a worker process is gone, in DataLoader's own words first (people and tools grep for
+    them), then which PooledLoader worker it was and what to do."""
+    ours = f"(PooledLoader worker {worker_id}"
+    if exitcode is not None and exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+            name, description = sig.name, signal.strsignal(sig) or sig.name
+        except ValueError:
+            name = description = f"signal {-exitcode}"
+        text = f"DataLoader worker (pid {pid}) is killed by signal: {description}. "
+        if name == "SIGBUS":
+            text += ("It is possible that dataloader's workers are out of shared memory. "
+                     "Please try to raise your shared memory limit. ")
+        return (f"{text}{ours} was killed by {name}; rerun with num_workers=0 to see where "
+                "it fails.)")
+    if exitcode:
+        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
+                "Details are lost due to multiprocessing. Rerunning with num_workers=0 may give "
+                f"better error trace. {ours} exited unexpectedly with exit code {exitcode}.)")
+    return (f"DataLoader worker (pid(s) {pid}) exited unexpectedly {ours} exited with exit code "
+            f"{exitcode} while the loader still expected batches from it.)")
 
 
-def _describe_exit(worker: _Worker) -> str:
-    code = worker.process.exitcode
-    how = (f"was killed by {_signal_name(code)}" if code is not None and code < 0
-           else f"exited unexpectedly with exit code {code}")
-    return f"PooledLoader worker {worker.id} (pid {worker.process.pid}) {how}"
+def timeout_message(timeout: float) -> str:
+    return (f"DataLoader timed out after {timeout} seconds (PooledLoader: no batch came back "
+            f"from the workers within timeout={timeout}; raise it, or set timeout=0 to wait "
+            "indefinitely)")
 
 
 def _shutdown(workers: list[_Worker], lifeline: Any) -> None:
@@ -310,6 +326,10 @@ class _HostTransformIter:
     def _reset(self, loader: PooledLoader) -> None:
         self.base._reset(loader)
 
+    @property
+    def _workers(self) -> list:
+        return self.base._workers
+
     def _stop(self) -> None:
         stop = getattr(self.base, "_stop", None)
         if stop is not None:
@@ -471,7 +491,9 @@ class _WorkerIter(_IterBase):
             raise
         finally:
             lifeline_r.close()
-        self._workers = workers
+        self._worker_states = workers
+        # What torch's own tests (and tools written against DataLoader) look at: the processes.
+        self._workers = [w.process for w in workers]
         self._lifeline = lifeline_w
         self._broken = False
         self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w)
@@ -486,12 +508,12 @@ class _WorkerIter(_IterBase):
         self._ready: dict[int, tuple] = {}
         self._next_yield = self._next_task  # task ids grow across epochs: never reused
         self._sampler_done = False
-        self._cycle = itertools.cycle(self._workers)
-        for w in self._workers:
+        self._cycle = itertools.cycle(self._worker_states)
+        for w in self._worker_states:
             w.active = True
 
     def _stop(self) -> None:
-        if hasattr(self, "_workers"):
+        if hasattr(self, "_worker_states"):
             if self._retire_hook in self._pool.on_retire_arena:
                 self._pool.on_retire_arena.remove(self._retire_hook)
             self._finalizer()
@@ -506,7 +528,7 @@ class _WorkerIter(_IterBase):
     def _reset(self, loader: PooledLoader) -> None:
         """A new epoch on persistent workers (called by DataLoader.__iter__)."""
         self._sampler_iter = None if self._iterable else iter(loader._index_sampler)
-        if self._broken or any(not w.process.is_alive() for w in self._workers):
+        if self._broken or any(not p.is_alive() for p in self._workers):
             self._stop()
             self._start_workers()
             return
@@ -516,7 +538,7 @@ class _WorkerIter(_IterBase):
             if entry[0] == "done":
                 self._pool.release(entry[1][0])
         self._reset_epoch_state()
-        for w in self._workers:
+        for w in self._worker_states:
             if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
                 w.conn.send(("set_epoch", loader._epoch))
             if self._iterable:
@@ -524,7 +546,7 @@ class _WorkerIter(_IterBase):
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
-        active = [w for w in self._workers if w.active]
+        active = [w for w in self._worker_states if w.active]
         while (active and not self._sampler_done
                and len(self._tasks) + len(self._ready) < self._prefetch * len(active)):
             worker = next(self._cycle)
@@ -581,15 +603,14 @@ class _WorkerIter(_IterBase):
             self._ready[task_id] = ("error", msg[3])
 
     def _receive(self, deadline: float | None) -> None:
-        live = {w.conn: w for w in self._workers}
-        sentinels = {w.process.sentinel: w for w in self._workers}
+        live = {w.conn: w for w in self._worker_states}
+        sentinels = {w.process.sentinel: w for w in self._worker_states}
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = wait(list(live) + list(sentinels), timeout)
         if not ready:
             self._broken = True
             self._stop()
-            raise RuntimeError(f"PooledLoader timed out after {self._timeout} seconds waiting "
-                               f"for a batch (timeout={self._timeout})")
+            raise RuntimeError(timeout_message(self._timeout))
         for obj in ready:
             if obj in live:
                 worker = live[obj]
@@ -605,7 +626,7 @@ class _WorkerIter(_IterBase):
     def _worker_died(self, worker: _Worker) -> None:
         worker.process.join(1.0)
         self._broken = True
-        message = _describe_exit(worker)
+        message = describe_exit(worker.id, worker.process.pid, worker.process.exitcode)
         self._stop()
         raise WorkerError(message)
 
@@ -627,8 +648,8 @@ class _WorkerIter(_IterBase):
                 batch = self._build(entry[1])
                 self._mark_wait(started)
                 return batch
-            if not self._tasks and (self._sampler_done or not any(w.active
-                                                                 for w in self._workers)):
+            if not self._tasks and (self._sampler_done or not any(
+                    w.active for w in self._worker_states)):
                 self._epoch_done()
                 if not self._persistent:
                     self._stop()

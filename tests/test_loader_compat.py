@@ -128,12 +128,12 @@ def test_multiprocessing_contexts(start_method):
 
 def test_persistent_workers_keep_processes_and_get_set_epoch():
     loader = PooledLoader(Epochs(6), batch_size=3, num_workers=2, persistent_workers=True)
-    first_pids = {w.process.pid for w in iter(loader)._workers}
+    first_pids = {p.pid for p in iter(loader)._workers}
     for epoch in range(3):
         loader.set_epoch(epoch)
         epochs = [int(e) for es, _ in loader for e in es]
         assert epochs == [epoch] * 6
-    assert {w.process.pid for w in loader._iterator._workers} == first_pids
+    assert {p.pid for p in loader._iterator._workers} == first_pids
 
 
 def test_persistent_workers_restart_cleanly_after_break():

@@ -111,14 +111,14 @@ def test_break_and_del_stop_workers_promptly():
     loader = PooledLoader(Images(400), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    pids = [w.process.pid for w in it._workers]
+    pids = [p.pid for p in it._workers]
     del it
     assert wait_gone(pids, 10) == []
 
     loader = PooledLoader(Images(400), batch_size=2, num_workers=2, persistent_workers=True)
     for _ in loader:
         break
-    pids = [w.process.pid for w in loader._iterator._workers]
+    pids = [p.pid for p in loader._iterator._workers]
     assert all(alive(p) for p in pids)
     del loader
     assert wait_gone(pids, 10) == []
@@ -129,7 +129,7 @@ def test_exception_in_training_loop_stops_workers():
 
     def train():
         it = iter(PooledLoader(Images(400), batch_size=2, num_workers=2))
-        pids.extend(w.process.pid for w in it._workers)
+        pids.extend(p.pid for p in it._workers)
         for _ in it:
             raise ArithmeticError("loss is nan")
     with pytest.raises(ArithmeticError):
@@ -145,7 +145,7 @@ SCRIPT = textwrap.dedent("""
     loader = PooledLoader(Images(100000), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    print(" ".join(str(w.process.pid) for w in it._workers), flush=True)
+    print(" ".join(str(p.pid) for p in it._workers), flush=True)
     for batch in it:
         time.sleep(0.01)
 """)

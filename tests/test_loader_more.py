@@ -73,7 +73,7 @@ def test_large_batch_of_many_leaves_and_strings():
 def test_close_stops_workers_and_held_batches_stay_valid():
     loader = PooledLoader(Images(40), batch_size=4, num_workers=2, persistent_workers=True)
     held = next(iter(loader))
-    procs = [w.process for w in loader._iterator._workers]
+    procs = list(loader._iterator._workers)
     loader.close()
     for p in procs:
         p.join(10)
