@@ -1,14 +1,46 @@
 """Pinned slots and GPU staging.
 
-- `pin_pool`: every arena of a pool is registered once as page-locked memory
-  (`cudaHostRegister`), so every batch comes out pinned with no per-batch pinned copy. A slot
-  released while an async copy on the current stream may still read it returns to the free list
-  only after an event recorded at release has completed (copies the user queues on other streams
-  must be synchronised by the user, as for any pinned buffer they free).
-- `DeviceIter`: batches go to the GPU by `non_blocking` copies on a side stream; an event recorded
-  after each copy is waited on by the consumer's stream before the batch is handed out, so copies
-  of batch k+1 overlap the step on batch k. The host slot of a batch is released only once its copy
-  event has completed.
+Pinning (`pin_pool`)
+- Every arena of the pool is registered once as page-locked memory (`cudaHostRegister`, portable,
+  called under the loader's device so that no CUDA context is made on another GPU), so every batch
+  comes out pinned with no per-batch pinned copy. An arena is registered before the pool hands out
+  any of its slots; one whose registration fails is dropped, and the error says why
+  (`cudaGetErrorString`). When an arena is freed (the pool closed or shrunk and its last batch
+  dropped), it is unregistered, and so unmapped, only after every copy that may read it completed.
+- Fork first: the loader pins its pool after it has forked its first workers, as DataLoader starts
+  its pin-memory thread after its workers, so a dataset that uses CUDA in fork workers works as it
+  does under DataLoader. Workers forked later (each epoch without `persistent_workers`) start after
+  CUDA is initialised, under DataLoader as here: such a dataset then needs `persistent_workers=True`
+  or `multiprocessing_context="spawn"`.
+- Release fences: a slot whose batch is dropped returns to the free list only after a fence (CUDA
+  events) recorded at that moment has completed. The fence is recorded on the current stream of the
+  pool's device (the dropping thread's), plus every stream named by `record_stream(batch, stream)`.
+
+The rule for pin-only mode (`pin_memory=True`, you copy the batches yourself):
+- The pool's device is `device=` if given, else the current device when the first epoch starts
+  (call `torch.cuda.set_device(rank)` first, as DDP scripts do).
+- A copy on the current stream of that device is covered:
+  `for x, y in loader: x = x.to("cuda", non_blocking=True)`.
+- A copy on another stream (`with torch.cuda.stream(s):`) or to another device is covered only if
+  the batch is dropped inside that stream's block, or if you name the stream, as with
+  `Tensor.record_stream` for device memory:
+
+      for x, y in loader:
+          with torch.cuda.stream(s):
+              xg = x.to("cuda", non_blocking=True)
+          record_stream(x, s)        # x is dropped at the next step, outside the block
+
+  `torch.cuda.current_stream().wait_stream(s)` before dropping the batch covers it too.
+
+Device stage (`DeviceIter`, `device="cuda..."`)
+- Batches go to the GPU by `non_blocking` copies on the loader's copy stream: one stream per loader
+  and device (`backend_for`), reused every epoch, so the caching allocator recycles its staging
+  blocks across epochs (it reuses a block only on the stream that allocated it). An event recorded
+  after each copy is waited on by the consumer's stream before the batch is handed out, so the copy
+  of batch k+1 overlaps the step on batch k.
+- The host slot of a batch is released once its copy event has completed, with no release fence:
+  a fence recorded then would sit on the training stream and make the next `acquire` wait for every
+  queued training step.
 - GPU staging memory comes from torch's caching allocator, allocated on the copy stream and marked
   with `record_stream` for the consumer's stream: after warm-up the allocator recycles its blocks
   (no cudaMalloc), and a batch the user keeps is never overwritten, which a fixed ring cannot
@@ -19,62 +51,133 @@
 from __future__ import annotations
 
 import collections
+import ctypes
+import functools
+import os
+import threading
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .pool import Arena, SlotPool
+from .pool import Arena, SlotLease, SlotPool, unfenced_releases
 
-CUDA_HOST_REGISTER_DEFAULT = 0
-
-
-def _check(err: Any, what: str) -> None:
-    code = getattr(err, "value", err)
-    if code not in (0, None):
-        raise RuntimeError(f"{what} failed with CUDA error {err}")
+# cudaHostRegisterPortable: the memory counts as pinned in every CUDA context, so a copy to any
+# device is a direct DMA (torch.cuda._pin_memory_utils registers with the same flag).
+CUDA_HOST_REGISTER_PORTABLE = 1
 
 
-def pin_pool(pool: SlotPool) -> None:
-    """Register the pool's arenas (and every later one) as pinned memory; unregister on retire
-    and when an arena is freed."""
-    if not torch.cuda.is_available():
-        return
-    cudart = torch.cuda.cudart()
-    registered: set[int] = set()
+@functools.lru_cache(maxsize=None)
+def _loaded_cudart() -> Any:
+    """The libcudart torch loaded, for `cudaGetLastError`: torch binds no way to clear CUDA's last
+    error. None where torch links the runtime statically."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if os.path.basename(path).startswith("libcudart.so"):
+                    lib = ctypes.CDLL(path)
+                    lib.cudaGetLastError.restype = ctypes.c_int
+                    return lib
+    except (OSError, AttributeError):
+        pass
+    return None
 
-    def register(arena: Arena) -> None:
-        _check(cudart.cudaHostRegister(arena.address, arena.nbytes, CUDA_HOST_REGISTER_DEFAULT),
-               f"cudaHostRegister of {arena.nbytes} bytes")
-        registered.add(arena.address)
-        pool.counters["host_registers"] += 1
-        # Before the mapping goes: weakref callbacks run before the arena's attributes are freed.
-        weakref.finalize(arena, unregister_address, arena.address)
 
-    def unregister_address(address: int) -> None:
-        if address in registered:
-            registered.discard(address)
-            cudart.cudaHostUnregister(address)
+def _clear_last_error() -> None:
+    lib = _loaded_cudart()
+    if lib is not None:
+        lib.cudaGetLastError()
 
-    for arena in pool.arenas():
-        register(arena)
-    pool.on_new_arena.append(register)
 
-    def fence() -> torch.cuda.Event:
-        event = torch.cuda.Event()
-        event.record()  # on the releasing thread's current stream, where its copies were queued
-        return event
-    pool.release_fence = fence
-    pool.fence_done = lambda event: event.query()
-    pool.fence_wait = lambda event: event.synchronize()
+def _cuda_error(cudart: Any, err: Any, what: str) -> RuntimeError | None:
+    """None when `err` is success. Otherwise clears CUDA's last error (torch would report it at its
+    next kernel launch, far from here) and returns an error naming the call and the reason."""
+    code = int(getattr(err, "value", err))
+    if code == 0:
+        return None
+    _clear_last_error()
+    try:
+        reason = cudart.cudaGetErrorString(err)
+    except Exception:  # noqa: BLE001 - the code alone still says something
+        reason = "unknown CUDA error"
+    return RuntimeError(f"{what} failed: {reason} (CUDA error {code})")
 
 
 class CudaBackend:
-    """The CUDA calls DeviceIter makes (a separate object so the ordering logic is testable)."""
+    """Every CUDA call of the pinned pool and of DeviceIter, for one device (a separate object so
+    the ordering logic is testable on a CPU: see tests/test_cuda.py's ManualBackend).
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
+    Events the CPU may wait on are blocking (the thread sleeps instead of spinning)."""
+
+    def __init__(self, device: Any):
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self._stream: torch.cuda.Stream | None = None
+
+    # -- pinning --------------------------------------------------------------------------------
+    def register(self, address: int, nbytes: int) -> None:
+        cudart = torch.cuda.cudart()
+        with torch.cuda.device(self.device):
+            err = cudart.cudaHostRegister(address, nbytes, CUDA_HOST_REGISTER_PORTABLE)
+        error = _cuda_error(cudart, err, f"cudaHostRegister of {nbytes / 2**20:.1f} MiB "
+                                         f"(pin_memory) on {self.device}")
+        if error is not None:
+            raise RuntimeError(f"{error}. The pool stays unpinned; pinned memory may be limited "
+                               "(ulimit -l, container limits): lower pool_slots, or set "
+                               "pin_memory=False.")
+
+    def unregister(self, address: int) -> None:
+        cudart = torch.cuda.cudart()
+        with torch.cuda.device(self.device):
+            err = cudart.cudaHostUnregister(address)
+        error = _cuda_error(cudart, err, f"cudaHostUnregister on {self.device}")
+        if error is not None:
+            raise error
+
+    def capturing(self) -> bool:
+        """True while a CUDA graph is being captured on this device's current stream."""
+        with torch.cuda.device(self.device):
+            return torch.cuda.is_current_stream_capturing()
+
+    def fence(self, streams: Sequence[Any] = ()) -> list[torch.cuda.Event]:
+        """Events on this device's current stream (the calling thread's) and on `streams`."""
+        events: list[torch.cuda.Event] = []
+        recorded: list[Any] = []
+        for stream in (torch.cuda.current_stream(self.device), *streams):
+            if any(stream == s for s in recorded):
+                continue
+            event = torch.cuda.Event(blocking=True)
+            event.record(stream)
+            events.append(event)
+            recorded.append(stream)
+        return events
+
+    @staticmethod
+    def fence_done(fence: list[torch.cuda.Event]) -> bool:
+        return all(event.query() for event in fence)
+
+    @staticmethod
+    def fence_wait(fence: list[torch.cuda.Event]) -> None:
+        for event in fence:
+            event.synchronize()
+
+    def synchronize(self, streams: Sequence[Any] = ()) -> None:
+        """Wait for all work queued on this device and on `streams` (their devices may differ)."""
+        torch.cuda.synchronize(self.device)
+        for stream in streams:
+            stream.synchronize()
+
+    # -- copies ---------------------------------------------------------------------------------
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The copy stream, made on first use and kept for the life of the backend."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         with torch.cuda.stream(self.stream):
@@ -85,24 +188,185 @@ class CudaBackend:
     def side_stream(self) -> Any:
         return torch.cuda.stream(self.stream)
 
-    def record(self) -> Any:
-        event = torch.cuda.Event()
+    def record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(blocking=True)  # close() waits on it from the CPU
         event.record(self.stream)
         return event
 
-    def hand_over(self, event: Any, tensors: list[torch.Tensor]) -> None:
+    def hand_over(self, event: torch.cuda.Event, tensors: list[torch.Tensor]) -> None:
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(event)
         for t in tensors:
-            t.record_stream(consumer)
+            if t.is_cuda and t.device == self.device:  # a transform may return host tensors
+                t.record_stream(consumer)
 
     @staticmethod
-    def done(event: Any) -> bool:
+    def done(event: torch.cuda.Event) -> bool:
         return event.query()
 
     @staticmethod
-    def wait(event: Any) -> None:
+    def wait(event: torch.cuda.Event) -> None:
         event.synchronize()
+
+
+# One backend per loader and device, so one copy stream reused by every epoch's DeviceIter.
+_BACKENDS: "weakref.WeakKeyDictionary[Any, dict[str, CudaBackend]]" = weakref.WeakKeyDictionary()
+
+
+def backend_for(loader: Any) -> CudaBackend:
+    """The loader's CudaBackend: for `loader.device` when it is a CUDA device, else for the
+    current device (pin-only mode). Made once and reused every epoch."""
+    device = loader.device
+    if device is None or device.type != "cuda":
+        device = torch.device("cuda")
+    backends = _BACKENDS.setdefault(loader, {})
+    if str(device) not in backends:
+        backends[str(device)] = CudaBackend(device)
+    return backends[str(device)]
+
+
+class _Unrecorded:
+    """A release fence that could not be recorded (during CUDA graph capture, at interpreter exit,
+    after a CUDA error): its slot is reused only after a synchronize of the device and `streams`."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self, streams: tuple):
+        self.streams = streams
+
+
+class _PinnedPool:
+    """Registration and release fences of one pool (the pool's hooks). It holds no reference to the
+    pool or its arenas, so both are freed as usual."""
+
+    def __init__(self, backend: Any, counters: collections.Counter):
+        self.backend = backend
+        self._counters = counters
+        self._lock = threading.RLock()  # fence() runs in __del__, maybe inside itself via the GC
+        self._registered: set[int] = set()
+        self._pending: dict[int, collections.deque] = {}  # arena id -> fences maybe not complete
+        self._warned = False
+
+    def register(self, arena: Arena) -> weakref.finalize:
+        self.backend.register(arena.address, arena.nbytes)
+        self._registered.add(arena.id)
+        self._counters["host_registers"] += 1
+        # weakref callbacks run before the arena's attributes, and so its mapping, are released
+        return weakref.finalize(arena, self._unregister, arena.id, arena.address)
+
+    def _unregister(self, arena_id: int, address: int) -> None:
+        """The arena is being freed: wait for the fences of its slots (a late copy may still read
+        them), then unregister it, before it is unmapped."""
+        with self._lock:
+            fences = self._pending.pop(arena_id, ())
+        try:
+            for fence in fences:
+                self.wait(fence)
+        except Exception as exc:  # noqa: BLE001 - runs in a finalizer: report, go on
+            self._warn(f"waiting for copies from a pool arena failed: {exc}")
+        if arena_id in self._registered:
+            self._registered.discard(arena_id)
+            try:
+                self.backend.unregister(address)
+            except Exception as exc:  # noqa: BLE001
+                self._warn(str(exc))
+
+    def fence(self, lease: SlotLease) -> Any:
+        """`pool.release_fence`. Never raises, since it runs in `SlotLease.__del__`."""
+        streams = tuple(lease.waits)
+        try:
+            fence = (_Unrecorded(streams) if self.backend.capturing()
+                     else self.backend.fence(streams))
+        except Exception as exc:  # noqa: BLE001 - interpreter exit, a sticky CUDA error
+            fence = _Unrecorded(streams)
+            self._warn(f"could not record a release fence ({exc}); the slot will be reused "
+                       "after a device synchronize")
+        with self._lock:
+            pending = self._pending.setdefault(lease.arena.id, collections.deque())
+            if not isinstance(fence, _Unrecorded):  # querying events is illegal during capture
+                while pending and self._done_or_broken(pending[0]):
+                    pending.popleft()
+            pending.append(fence)
+        return fence
+
+    def _done_or_broken(self, fence: Any) -> bool:
+        try:
+            return self.done(fence)
+        except Exception:  # noqa: BLE001 - kept, and waited for when the arena goes
+            return False
+
+    def done(self, fence: Any) -> bool:
+        """`pool.fence_done`."""
+        return not isinstance(fence, _Unrecorded) and self.backend.fence_done(fence)
+
+    def wait(self, fence: Any) -> None:
+        """`pool.fence_wait`."""
+        if isinstance(fence, _Unrecorded):
+            self.backend.synchronize(fence.streams)
+        else:
+            self.backend.fence_wait(fence)
+
+    def _warn(self, message: str) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        try:
+            warnings.warn(f"pooled_loader: {message}", RuntimeWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 - at interpreter exit warnings may be gone
+            pass
+
+
+_PINNED: "weakref.WeakKeyDictionary[SlotPool, _PinnedPool]" = weakref.WeakKeyDictionary()
+
+
+def pin_pool(pool: SlotPool, backend: Any) -> None:
+    """Register the pool's arenas, and every later one before its slots are used, as pinned memory
+    under `backend.device` (a `CudaBackend`, see `backend_for`), and fence slot releases on that
+    device's current stream. Does nothing if the pool is already pinned. If a registration fails,
+    the ones made here are undone and the error is raised."""
+    if pool in _PINNED:
+        return
+    pinned = _PinnedPool(backend, pool.counters)
+    undo: list[weakref.finalize] = []
+    try:
+        for arena in pool.arenas():
+            undo.append(pinned.register(arena))
+    except BaseException:
+        for finalizer in undo:
+            finalizer()  # unregisters now
+        raise
+    pool.on_new_arena.append(pinned.register)
+    pool.release_fence = pinned.fence
+    pool.fence_done = pinned.done
+    pool.fence_wait = pinned.wait
+    _PINNED[pool] = pinned
+
+
+def record_stream(batch: Any, stream: Any) -> None:
+    """Pin-only mode, like `Tensor.record_stream` for device memory: the slots of the host tensors
+    of `batch` are reused only after the work queued on `stream` by the time the batch is dropped
+    has completed. Use it for copies on a stream other than the current stream of the pool's device
+    (a side stream, another GPU); see the module docstring."""
+    def mark(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu" or t.numel() == 0:
+            return t
+        lease = _lease_holding(t.data_ptr())
+        if lease is None:
+            raise ValueError("record_stream: this tensor is not in a slot of a pinned "
+                             "PooledLoader pool (pin_memory=True with CUDA); it needs no fence "
+                             "from pooled_loader")
+        if not any(stream == s for s in lease.waits):
+            lease.waits.append(stream)
+        return t
+    map_tensors(batch, mark)
+
+
+def _lease_holding(address: int) -> SlotLease | None:
+    for pool in list(_PINNED.keys()):
+        lease = pool.lease_holding(address)
+        if lease is not None:
+            return lease
+    return None
 
 
 def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -121,7 +385,7 @@ def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 class DeviceIter:
     """Wraps a host iterator: keeps `depth` batches in flight to the device."""
 
-    def __init__(self, host: Iterator, device: torch.device, depth: int = 2,
+    def __init__(self, host: Iterator, device: Any, depth: int = 2,
                  transform: Callable[[Any], Any] | None = None, backend: Any = None):
         self.base = host
         self.backend = backend if backend is not None else CudaBackend(device)
@@ -155,7 +419,9 @@ class DeviceIter:
         self._in_flight.append((batch, event, device_tensors))
 
     def _release_finished_copies(self) -> None:
-        self._copying = [(e, b) for e, b in self._copying if not self.backend.done(e)]
+        # No queued copy reads these slots any more: no release fence (see the module docstring).
+        with unfenced_releases():
+            self._copying = [(e, b) for e, b in self._copying if not self.backend.done(e)]
 
     def __next__(self) -> Any:
         self._release_finished_copies()
@@ -177,19 +443,22 @@ class DeviceIter:
         self._exhausted = False
 
     def close(self) -> None:
-        """Wait for copies still reading host slots, then let the slots go."""
+        """Wait for copies still reading host slots, then let the slots go (with no fence)."""
         for event, _ in self._copying:
             self.backend.wait(event)
-        self._copying.clear()
+        with unfenced_releases():
+            self._copying.clear()
         for _, event, _ in self._in_flight:
             self.backend.wait(event)
         self._in_flight.clear()
 
     def _stop(self) -> None:
-        self.close()
-        stop = getattr(self.base, "_stop", None)
-        if stop is not None:
-            stop()
+        try:
+            self.close()
+        finally:
+            stop = getattr(self.base, "_stop", None)
+            if stop is not None:
+                stop()
 
 
 class NormalizeImages:

@@ -281,10 +281,6 @@ class PooledLoader(DataLoader):
     def _get_pool(self) -> SlotPool:
         if self._pool is None:
             self._pool = SlotPool(FIRST_SLOT_BYTES, self._default_slots(), GROW_WARNING)
-            if self.pin_memory and torch.cuda.is_available() or (
-                    self.device is not None and self.device.type == "cuda"):
-                from .cuda import pin_pool
-                pin_pool(self._pool)
         return self._pool
 
     def _pooled_collate(self) -> Callable | None:
@@ -299,10 +295,14 @@ class PooledLoader(DataLoader):
         else:
             self.check_worker_number_rationality()
             it = _WorkerIter(self)
-        if self.device is not None and self.device.type == "cuda":
-            from .cuda import DeviceIter
-            return DeviceIter(it, self.device, depth=self.prefetch_factor or 2,
-                              transform=self.device_transform)
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        if on_cuda or self.pin_memory and torch.cuda.is_available():
+            from .cuda import DeviceIter, backend_for, pin_pool
+            backend = backend_for(self)
+            pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda
+            if on_cuda:
+                return DeviceIter(it, self.device, depth=self.prefetch_factor or 2,
+                                  transform=self.device_transform, backend=backend)
         if self.device_transform is not None:
             return _HostTransformIter(it, self.device_transform)
         return it

@@ -8,19 +8,35 @@ a slot returns to it when the last view of the batch that lives in it is gone (`
 from __future__ import annotations
 
 import collections
+import contextlib
 import mmap
 import os
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .constants import DRY_GROWTH_DIVISOR, DRY_GROWTH_MIN_SLOTS, OVERSIZE_HEADROOM, round_up
 
 PAGE = mmap.PAGESIZE
+
+
+_release_state = threading.local()
+
+
+@contextlib.contextmanager
+def unfenced_releases() -> Iterator[None]:
+    """Slots whose leases die on this thread inside the block skip the release fence: for a caller
+    that knows no queued copy reads them any more (DeviceIter, once its copy event completed)."""
+    previous = getattr(_release_state, "unfenced", False)
+    _release_state.unfenced = True
+    try:
+        yield
+    finally:
+        _release_state.unfenced = previous
 
 
 @dataclass(frozen=True)
@@ -63,14 +79,16 @@ class SlotLease:
 
     numpy arrays made from it (`array()`) keep it alive through their `.base`, and so do torch
     tensors made from those arrays, so the slot goes back to the pool exactly when the last view is
-    gone. `hold` lets other parts (the CUDA stage) delay the return until their work is done.
+    gone. `waits` lists extra streams the release fence must cover
+    (`pooled_loader.cuda.record_stream`).
     """
 
-    __slots__ = ("arena", "ref", "_release", "__weakref__", "__array_interface__")
+    __slots__ = ("arena", "ref", "waits", "_release", "__weakref__", "__array_interface__")
 
     def __init__(self, arena: Arena, ref: SlotRef, release: Callable[["SlotLease"], None]):
         self.arena = arena
         self.ref = ref
+        self.waits: list[Any] = []
         self._release = release
         self.__array_interface__ = {
             "shape": (ref.nbytes,), "typestr": "|u1", "version": 3,
@@ -98,9 +116,10 @@ class SlotPool:
         self._returned: collections.deque[tuple[SlotRef, Any]] = collections.deque()  # by __del__
         self._fenced: collections.deque[tuple[SlotRef, Any]] = collections.deque()
         # Set by pooled_loader.cuda on a pinned pool: a released slot may still be read by an
-        # async copy queued on the releasing thread's stream, so release records a fence (a CUDA
-        # event) and the slot is reused only once it has completed.
-        self.release_fence: Callable[[], Any] | None = None
+        # async copy queued on the releasing thread's stream, so release records a fence (CUDA
+        # events) and the slot is reused only once it has completed. release_fence(lease) runs in
+        # SlotLease.__del__ and must not raise.
+        self.release_fence: Callable[[SlotLease], Any] | None = None
         self.fence_done: Callable[[Any], bool] = lambda fence: True
         self.fence_wait: Callable[[Any], None] = lambda fence: None
         self._next_arena = 0
@@ -108,7 +127,8 @@ class SlotPool:
         self._grow_warning = grow_warning
         self._warned = False
         self.num_slots_hint = num_slots
-        self.on_new_arena: list[Callable[[Arena], None]] = []
+        self.on_new_arena: list[Callable[[Arena], Any]] = []  # may raise: the arena is dropped
+        self._live_leases: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.on_retire_arena: list[Callable[[Arena], None]] = []
         self.counters = collections.Counter()
         self.allocations_at_warmup: int | None = None
@@ -118,12 +138,12 @@ class SlotPool:
     def _add_arena(self, slot_bytes: int, num_slots: int) -> Arena:
         arena = Arena(self._next_arena, slot_bytes, num_slots)
         self._next_arena += 1
+        for hook in self.on_new_arena:  # (pinning) before any slot of it can be handed out
+            hook(arena)
         self._arenas[arena.id] = arena
         self._free.extend((arena.id, i) for i in range(num_slots))
         self.counters["slots_allocated"] += num_slots
         self.counters["arenas_allocated"] += 1
-        for hook in self.on_new_arena:
-            hook(arena)
         return arena
 
     def _retire_if_idle(self, arena: Arena) -> None:
@@ -213,9 +233,20 @@ class SlotPool:
         self.counters["batches"] += 1
 
         def give_back(lease: SlotLease, returned=returned, fence=fence) -> None:
-            returned.append((lease.ref, fence() if fence is not None else None))
+            fenced = fence is not None and not getattr(_release_state, "unfenced", False)
+            returned.append((lease.ref, fence(lease) if fenced else None))
 
-        return SlotLease(arena, ref, give_back)
+        lease = SlotLease(arena, ref, give_back)
+        self._live_leases[ref.arena_id, ref.index] = lease
+        return lease
+
+    def lease_holding(self, address: int) -> SlotLease | None:
+        """The live lease whose slot contains `address`, if any."""
+        for lease in list(self._live_leases.values()):
+            start = lease.arena.address + lease.ref.offset
+            if start <= address < start + lease.ref.nbytes:
+                return lease
+        return None
 
     def arenas(self) -> list[Arena]:
         return list(self._arenas.values())
