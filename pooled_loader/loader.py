@@ -26,6 +26,8 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from .constants import BOTTLENECK_WAIT_SHARE, FIRST_SLOT_BYTES, default_pool_slots
 from .errors import WorkerError
 from .layout import unflatten
+from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
+                       SetEpoch, Slot, StartupError, Task)
 from .pool import ArenaMap, SlotPool, SlotRef
 from .worker import BatchMaker, SampleFailure, WorkerConfig, worker_loop
 
@@ -106,20 +108,19 @@ def _forget_arena_hook(workers: list[_Worker]) -> Callable:
         for w in workers:
             if w.process.is_alive():
                 try:
-                    w.conn.send(("forget", os.getpid(), arena.id))
+                    w.conn.send(Forget(owner_pid=os.getpid(), arena_id=arena.id))
                 except (OSError, ValueError):
                     pass
     return hook
 
 
-def _reraise(info: tuple, where: str) -> None:
+def _reraise(info: ErrorInfo, where: str) -> None:
     """Raise a worker's exception in the main process, with its worker, sample and traceback."""
-    exc_type, message, text, worker_id, index = info
-    sample = "" if index is None else f", sample index {index!r}"
-    full = (f"Caught {exc_type.__name__} in PooledLoader worker {worker_id}{sample} {where}.\n"
-            f"Original {text}")
+    sample = "" if info.index is None else f", sample index {info.index!r}"
+    full = (f"Caught {info.exc_type.__name__} in PooledLoader worker {info.worker_id}{sample} "
+            f"{where}.\nOriginal {info.traceback}")
     try:
-        exc = exc_type(full)
+        exc = info.exc_type(full)
     except Exception:  # noqa: BLE001 - a type that cannot be built from one message
         exc = RuntimeError(full)
     raise exc from None
@@ -370,14 +371,14 @@ class _IterBase:
             raise TypeError("this loader's dataset has no len()")
         return self._len
 
-    def _build(self, result: tuple) -> Any:
-        ref, spec, leaves, metas, nsamples = result
-        lease = self._pool.lease(ref)
+    def _build(self, layout: BatchLayout) -> Any:
+        """The batch a worker built, as zero-copy views of its slot."""
+        lease = self._pool.lease(layout.ref)
         base = lease.array()
         del lease
         arrays = []
         nbytes = 0
-        for leaf, off in leaves:
+        for leaf, off in layout.leaves:
             raw = base[off:off + leaf.nbytes]
             nbytes += leaf.nbytes
             if leaf.kind == "tensor":
@@ -387,9 +388,9 @@ class _IterBase:
                 arrays.append(raw.view(leaf.storage_dtype).reshape(leaf.shape))
         c = self._stats.counters
         c["batches"] += 1
-        c["samples"] += nsamples
+        c["samples"] += layout.num_samples
         c["bytes"] += nbytes
-        return unflatten(spec, arrays, metas)
+        return unflatten(layout.spec, arrays, layout.metas)
 
     def _mark_wait(self, started: float) -> None:
         now = time.perf_counter()
@@ -404,6 +405,15 @@ class _IterBase:
         self._last_yield = None
 
 
+def _worker_config(loader: PooledLoader, iterable: bool, seed: int, *,
+                   worker_init_fn: Callable | None, start_method: str) -> WorkerConfig:
+    return WorkerConfig(dataset=loader.dataset, iterable=iterable,
+                        auto_collation=loader._auto_collation, batch_size=loader.batch_size,
+                        drop_last=loader.drop_last, collate_fn=loader._pooled_collate(),
+                        worker_init_fn=worker_init_fn, num_workers=loader.num_workers,
+                        base_seed=seed, on_error=loader.on_error, start_method=start_method)
+
+
 class _InProcessIter(_IterBase):
     """num_workers=0: the same data path, run in the main process."""
 
@@ -415,9 +425,8 @@ class _InProcessIter(_IterBase):
             pool.release(old)
             return pool.acquire(nbytes)
 
-        cfg = WorkerConfig(loader.dataset, self._iterable, loader._auto_collation,
-                           loader.batch_size, loader.drop_last, loader._pooled_collate(), None, 0,
-                           self._seed, loader.on_error, "none")
+        cfg = _worker_config(loader, self._iterable, self._seed, worker_init_fn=None,
+                             start_method="none")
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
         self._maker.reset_iterator()
         self._task = 0
@@ -463,11 +472,9 @@ class _WorkerIter(_IterBase):
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._ctx = loader.multiprocessing_context or multiprocessing.get_context()
-        self._cfg = WorkerConfig(
-            loader.dataset, self._iterable, loader._auto_collation, loader.batch_size,
-            loader.drop_last, loader._pooled_collate(), loader.worker_init_fn,
-            loader.num_workers, self._seed, loader.on_error,
-            self._ctx.get_start_method())
+        self._cfg = _worker_config(loader, self._iterable, self._seed,
+                                   worker_init_fn=loader.worker_init_fn,
+                                   start_method=self._ctx.get_start_method())
         self._epoch = 0
         self._start_workers()
 
@@ -505,7 +512,7 @@ class _WorkerIter(_IterBase):
 
     def _reset_epoch_state(self) -> None:
         self._tasks: dict[int, tuple[_Worker, SlotRef]] = {}
-        self._ready: dict[int, tuple] = {}
+        self._ready: dict[int, Done | End | Failed] = {}  # answers not yet handed out
         self._next_yield = self._next_task  # task ids grow across epochs: never reused
         self._sampler_done = False
         self._cycle = itertools.cycle(self._worker_states)
@@ -520,10 +527,14 @@ class _WorkerIter(_IterBase):
             for tasks in (self._tasks, self._stale):  # workers are gone: nothing writes these
                 for task_id in list(tasks):
                     self._pool.release(tasks.pop(task_id)[1])
-            for entry in self._ready.values():
-                if entry[0] == "done":
-                    self._pool.release(entry[1][0])
-            self._ready.clear()
+            self._release_ready()
+
+    def _release_ready(self) -> None:
+        """Give back the slots of batches built but never handed out."""
+        for answer in self._ready.values():
+            if type(answer) is Done:
+                self._pool.release(answer.batch.ref)
+        self._ready.clear()
 
     def _reset(self, loader: PooledLoader) -> None:
         """A new epoch on persistent workers (called by DataLoader.__iter__)."""
@@ -534,15 +545,13 @@ class _WorkerIter(_IterBase):
             return
         self._epoch += 1
         self._stale.update(self._tasks)  # results of these are dropped when they arrive
-        for entry in list(self._ready.values()):
-            if entry[0] == "done":
-                self._pool.release(entry[1][0])
+        self._release_ready()
         self._reset_epoch_state()
         for w in self._worker_states:
             if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
-                w.conn.send(("set_epoch", loader._epoch))
+                w.conn.send(SetEpoch(epoch=loader._epoch))
             if self._iterable:
-                w.conn.send(("reset",))
+                w.conn.send(Reset())
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
@@ -563,44 +572,37 @@ class _WorkerIter(_IterBase):
             task_id = self._next_task
             self._next_task += 1
             self._tasks[task_id] = (worker, ref)
-            worker.conn.send(("task", task_id, self._epoch, payload, ref))
+            worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload, ref=ref))
 
-    def _handle(self, worker: _Worker, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "need":
-            _, task_id, nbytes, old = msg
-            self._pool.release(old)
-            ref = self._pool.acquire(nbytes)
-            if task_id in self._tasks:
-                self._tasks[task_id] = (worker, ref)
-            elif task_id in self._stale:
-                self._stale[task_id] = (worker, ref)
-            worker.conn.send(("slot", task_id, ref))
+    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | StartupError) -> None:
+        if type(msg) is NeedSlot:
+            self._pool.release(msg.old)
+            ref = self._pool.acquire(msg.nbytes)
+            if msg.task_id in self._tasks:
+                self._tasks[msg.task_id] = (worker, ref)
+            elif msg.task_id in self._stale:
+                self._stale[msg.task_id] = (worker, ref)
+            worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
             return
-        if kind == "error" and msg[1] == -1:
+        if type(msg) is StartupError:
             self._broken = True
             self._stop()
-            _reraise(msg[3], "while starting (worker_init_fn or iter(dataset))")
-        task_id, epoch = msg[1], msg[2]
-        if epoch != self._epoch or task_id not in self._tasks:  # from an abandoned epoch
-            self._stale.pop(task_id, None)
-            ref = msg[3][0] if kind == "done" else msg[3] if kind == "end" else msg[4]
-            self._pool.release(ref)
+            _reraise(msg.error, "while starting (worker_init_fn or iter(dataset))")
+        if msg.epoch != self._epoch or msg.task_id not in self._tasks:  # an abandoned epoch's
+            self._stale.pop(msg.task_id, None)
+            self._pool.release(msg.batch.ref if type(msg) is Done else msg.ref)
             return
-        self._tasks.pop(task_id)
-        if kind == "done":
-            _, _, _, result, skipped, busy = msg
-            self._stats.record_skips(skipped)
-            self._stats.worker_busy_s[worker.id] += busy
-            self._ready[task_id] = ("done", result)
-        elif kind == "end":
+        self._tasks.pop(msg.task_id)
+        if type(msg) is Done:
+            self._stats.record_skips(msg.skipped)
+            self._stats.worker_busy_s[worker.id] += msg.busy_s
+        elif type(msg) is End:
             worker.active = False
-            self._pool.release(msg[3])
-            self._ready[task_id] = ("end",)
-        else:  # error
-            self._stats.record_skips(msg[5])
-            self._pool.release(msg[4])
-            self._ready[task_id] = ("error", msg[3])
+            self._pool.release(msg.ref)
+        else:
+            self._stats.record_skips(msg.skipped)
+            self._pool.release(msg.ref)
+        self._ready[msg.task_id] = msg
 
     def _receive(self, deadline: float | None) -> None:
         live = {w.conn: w for w in self._worker_states}
@@ -638,14 +640,13 @@ class _WorkerIter(_IterBase):
                 raise RuntimeError("this PooledLoader iterator stopped after an error; "
                                    "start a new epoch with iter(loader)")
             self._try_dispatch()
-            entry = self._pop_ready()
-            if entry is not None:
-                kind = entry[0]
-                if kind == "end":
+            answer = self._pop_ready()
+            if answer is not None:
+                if type(answer) is End:
                     continue
-                if kind == "error":
-                    _reraise(entry[1], "while loading a batch")
-                batch = self._build(entry[1])
+                if type(answer) is Failed:
+                    _reraise(answer.error, "while loading a batch")
+                batch = self._build(answer.batch)
                 self._mark_wait(started)
                 return batch
             if not self._tasks and (self._sampler_done or not any(
@@ -656,12 +657,12 @@ class _WorkerIter(_IterBase):
                 raise StopIteration
             self._receive(deadline)
 
-    def _pop_ready(self) -> tuple | None:
+    def _pop_ready(self) -> Done | End | Failed | None:
         if self._in_order:
-            entry = self._ready.pop(self._next_yield, None)
-            if entry is not None:
+            answer = self._ready.pop(self._next_yield, None)
+            if answer is not None:
                 self._next_yield += 1
-            return entry
+            return answer
         if self._ready:
             return self._ready.pop(next(iter(self._ready)))
         return None

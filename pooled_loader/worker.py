@@ -17,7 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -26,12 +26,14 @@ from torch.utils.data._utils import worker as torch_worker
 from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, place, same_structure)
+from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
+                       SetEpoch, Slot, StartupError, Task)
 from .pool import ArenaMap, SlotRef
 
 MAX_REPLACEMENTS = 16
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerConfig:
     """Everything a worker needs; pickled once per worker under spawn/forkserver."""
 
@@ -47,6 +49,15 @@ class WorkerConfig:
     on_error: str
     start_method: str
     close_in_child: list[int] = field(default_factory=list)
+
+
+class _Rows(NamedTuple):
+    """A batch layout placed in one slot, with a writable [batch, ...] view per leaf."""
+
+    leaves: list[Leaf]
+    offsets: list[int]
+    views: list[np.ndarray]
+    nbytes: int
 
 
 class SampleFailure(Exception):
@@ -143,9 +154,9 @@ class BatchMaker:
         return samples
 
     # -- building ---------------------------------------------------------------------------------
-    def make(self, task_id: int, payload: Any, ref: SlotRef) -> tuple | None:
-        """Fill `ref` with the batch of `payload`; returns the layout message, or None at the end
-        of an iterable dataset."""
+    def make(self, task_id: int, payload: Any, ref: SlotRef) -> BatchLayout | None:
+        """Fill `ref` with the batch of `payload`; returns where it lies (the slot may have been
+        swapped for a bigger one), or None at the end of an iterable dataset."""
         self.skipped = []
         if self.cfg.iterable:
             samples = self._samples(payload)
@@ -171,7 +182,7 @@ class BatchMaker:
             return self._write_tree(task_id, batch, ref, convert=False)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
 
-    def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> tuple:
+    def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
         arrays: list = []
         metas: list = []
@@ -188,9 +199,10 @@ class BatchMaker:
             np.copyto(dst, as_numpy(value), casting="no")  # as_numpy gives the storage dtype
         if convert:  # default_convert, like default_collate, turns tuples into lists
             spec = collated_spec(spec)
-        return (ref, spec, list(zip(out_leaves, offsets)), metas, 1)
+        return BatchLayout(ref=ref, spec=spec, leaves=list(zip(out_leaves, offsets)),
+                           metas=metas, num_samples=1)
 
-    def _rows(self, slot: np.ndarray, leaves: list[Leaf], batch: int) -> tuple | None:
+    def _rows(self, slot: np.ndarray, leaves: list[Leaf], batch: int) -> _Rows | None:
         """Per-leaf [batch, ...] views of the slot for this layout, or None if it does not fit."""
         out_leaves = [_collated_leaf(l, batch) for l in leaves]
         offsets, total = place(out_leaves)
@@ -198,21 +210,22 @@ class BatchMaker:
             return None
         views = [slot[off:off + l.nbytes].view(l.storage_dtype).reshape(l.shape)
                  for l, off in zip(out_leaves, offsets)]
-        return out_leaves, offsets, views, total
+        return _Rows(out_leaves, offsets, views, total)
 
-    def _collate(self, task_id: int, items: list, ref: SlotRef, fetch: Callable | None) -> tuple:
+    def _collate(self, task_id: int, items: list, ref: SlotRef,
+                 fetch: Callable | None) -> BatchLayout:
         """default_collate, writing sample j's leaves straight into row j of each batch leaf."""
         batch = len(items)
         slot = self.arenas.slot(ref)
         rows = self._rows(slot, self._leaves, batch) if (self._leaves and self.use_into) else None
         guess = rows
 
-        def sample_at(j: int, rows_now: tuple | None) -> Any:
+        def sample_at(j: int, rows_now: _Rows | None) -> Any:
             if fetch is None:
                 return items[j]
             out = None
             if rows_now is not None and self.use_into:
-                out = empty_like_tree(self._spec, [v[j, ...] for v in rows_now[2]])
+                out = empty_like_tree(self._spec, [v[j, ...] for v in rows_now.views])
             return fetch(items[j], out)
 
         first = sample_at(0, guess)
@@ -258,12 +271,13 @@ class BatchMaker:
             rows = self._rows(self.arenas.slot(ref), leaves, batch)
             for j, s_arrays in enumerate(pending):
                 self._write_row(rows, j, s_arrays)
-        out_leaves, offsets = rows[0], rows[1]
-        return (ref, collated_spec(spec), list(zip(out_leaves, offsets)), meta_columns, batch)
+        return BatchLayout(ref=ref, spec=collated_spec(spec),
+                           leaves=list(zip(rows.leaves, rows.offsets)), metas=meta_columns,
+                           num_samples=batch)
 
     @staticmethod
-    def _write_row(rows: tuple, j: int, arrays: list, checks: list | None = None) -> None:
-        for k, (view, value) in enumerate(zip(rows[2], arrays)):
+    def _write_row(rows: _Rows, j: int, arrays: list, checks: list | None = None) -> None:
+        for k, (view, value) in enumerate(zip(rows.views, arrays)):
             if checks is not None:
                 value = checks[k](value)
             else:
@@ -342,11 +356,27 @@ def _exit_with_parent() -> None:
         pass
 
 
-def error_message(worker_id: int, exc: BaseException, index: Any) -> tuple:
+def error_message(worker_id: int, exc: BaseException, index: Any) -> ErrorInfo:
     """A picklable description of an exception raised while building a batch."""
     cause = exc.__cause__ if isinstance(exc, SampleFailure) and exc.__cause__ else exc
     text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    return (type(cause), str(cause), text, worker_id, index)
+    return ErrorInfo(exc_type=type(cause), message=str(cause), traceback=text,
+                     worker_id=worker_id, index=index)
+
+
+def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Failed:
+    """Build one task's batch; the answer says where it lies, or why there is none."""
+    start = time.perf_counter()
+    try:
+        batch = maker.make(task.task_id, task.payload, task.ref)
+    except Exception as exc:  # noqa: BLE001 - reported to the main process
+        return Failed(task_id=task.task_id, epoch=task.epoch,
+                      error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
+                      skipped=maker.skipped)
+    if batch is None:
+        return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref)
+    return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
+                busy_s=time.perf_counter() - start)
 
 
 def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
@@ -374,13 +404,13 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
         raise EOFError  # lifeline closed: the main process is gone
 
     def request_slot(task_id: int, nbytes: int, old: SlotRef) -> SlotRef:
-        conn.send(("need", task_id, nbytes, old))
+        conn.send(NeedSlot(task_id=task_id, nbytes=nbytes, old=old))
         while True:  # other messages wait their turn in `pending`
             if lifeline in wait([conn, lifeline]) and not conn.poll():
                 raise EOFError
             msg = conn.recv()
-            if msg is not None and msg[0] == "slot" and msg[1] == task_id:
-                return msg[2]
+            if type(msg) is Slot and msg.task_id == task_id:
+                return msg.ref
             pending.append(msg)
 
     maker = BatchMaker(cfg, ArenaMap(), request_slot)
@@ -389,37 +419,23 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
             cfg.worker_init_fn(worker_id)
         maker.reset_iterator()
     except Exception as exc:  # noqa: BLE001 - reported to the main process
-        conn.send(("error", -1, None, error_message(worker_id, exc, None)))
+        conn.send(StartupError(error=error_message(worker_id, exc, None)))
         return
     try:
         while True:
             msg = receive()
             if msg is None:
                 break
-            kind = msg[0]
-            if kind == "task":
-                _, task_id, epoch, payload, ref = msg
-                start = time.perf_counter()
-                try:
-                    result = maker.make(task_id, payload, ref)
-                except Exception as exc:  # noqa: BLE001 - reported to the main process
-                    conn.send(("error", task_id, epoch,
-                               error_message(worker_id, exc, maker.current_index), ref,
-                               maker.skipped))
-                    continue
-                busy = time.perf_counter() - start
-                if result is None:
-                    conn.send(("end", task_id, epoch, ref))
-                else:
-                    conn.send(("done", task_id, epoch, result, maker.skipped, busy))
-            elif kind == "reset":
+            if type(msg) is Task:
+                conn.send(_answer(maker, worker_id, msg))
+            elif type(msg) is Reset:
                 maker.reset_iterator()
-            elif kind == "set_epoch":
+            elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
                 if callable(setter):
-                    setter(msg[1])
-            elif kind == "forget":
-                maker.arenas.forget(msg[1], msg[2])
+                    setter(msg.epoch)
+            elif type(msg) is Forget:
+                maker.arenas.forget(msg.owner_pid, msg.arena_id)
     except (EOFError, OSError, KeyboardInterrupt):
         pass
     finally:

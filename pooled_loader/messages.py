@@ -1,0 +1,142 @@
+"""Messages between the main process (`loader.py`) and its workers (`worker.py`).
+
+Every message is a small frozen dataclass, built with keywords only, sent over the worker's pipe.
+Only the slot's *layout* travels, never sample data: a message pickles to a few hundred bytes.
+
+Main process -> worker (sent by `loader._WorkerIter`, answered by `worker.worker_loop`):
+    Task       build one batch into a slot
+    Slot       the bigger slot a worker asked for with NeedSlot
+    Forget     unmap a retired arena
+    Reset      restart an iterable dataset's iterator (a new epoch on persistent workers)
+    SetEpoch   forward `set_epoch` to the worker's copy of the dataset
+    None       stop: the worker returns
+
+Worker -> main process (sent by `worker.worker_loop`, handled by `loader._WorkerIter._handle`):
+    Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
+    End           an iterable dataset is exhausted; the task's slot is unused
+    Failed        building the batch raised
+    NeedSlot      the batch does not fit its slot: asks for a bigger one, answered by Slot
+    StartupError  worker_init_fn or iter(dataset) raised; the worker has returned
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .layout import Leaf
+from .pool import SlotRef
+
+_MESSAGE = dict(frozen=True, slots=True, kw_only=True)
+
+
+# -- payloads -------------------------------------------------------------------------------------
+@dataclass(**_MESSAGE)
+class BatchLayout:
+    """Where a built batch lies in its slot: enough for the main process to view it zero-copy.
+
+    Produced by `worker.BatchMaker.make`; turned into tensors by `loader._IterBase._build`."""
+
+    ref: SlotRef  # the slot holding it (possibly bigger than the one the task named)
+    spec: tuple  # the tree structure (layout.flatten's spec, already collated)
+    leaves: list[tuple[Leaf, int]]  # each array leaf and its byte offset in the slot
+    metas: list  # the non-array leaves (strings, ...), in tree order
+    num_samples: int
+
+
+@dataclass(**_MESSAGE)
+class ErrorInfo:
+    """A picklable description of an exception raised in a worker (see `worker.error_message`)."""
+
+    exc_type: type
+    message: str
+    traceback: str  # the formatted original traceback
+    worker_id: int
+    index: Any  # the sample index being loaded, or None
+
+
+# -- main process -> worker -----------------------------------------------------------------------
+@dataclass(**_MESSAGE)
+class Task:
+    """Build the batch of `payload` (a sampler's indices, or None for an iterable dataset) into
+    the slot `ref`. Task ids grow across epochs and are never reused."""
+
+    task_id: int
+    epoch: int  # the iterator's epoch counter: answers from an abandoned epoch are dropped
+    payload: Any
+    ref: SlotRef
+
+
+@dataclass(**_MESSAGE)
+class Slot:
+    """The answer to `NeedSlot`: write task `task_id` into `ref` instead."""
+
+    task_id: int
+    ref: SlotRef
+
+
+@dataclass(**_MESSAGE)
+class Forget:
+    """The main process retired arena `arena_id` of process `owner_pid`: unmap it."""
+
+    owner_pid: int
+    arena_id: int
+
+
+@dataclass(**_MESSAGE)
+class Reset:
+    """Start the iterable dataset's iterator afresh (persistent workers, next epoch)."""
+
+
+@dataclass(**_MESSAGE)
+class SetEpoch:
+    """Call `dataset.set_epoch(epoch)` on the worker's copy of the dataset."""
+
+    epoch: int
+
+
+# -- worker -> main process -----------------------------------------------------------------------
+@dataclass(**_MESSAGE)
+class Done:
+    """Task `task_id` is built; its batch lies in `batch.ref`."""
+
+    task_id: int
+    epoch: int
+    batch: BatchLayout
+    skipped: list[tuple[Any, str]]  # (index, reason) of samples replaced under on_error="skip"
+    busy_s: float  # seconds the worker spent on it
+
+
+@dataclass(**_MESSAGE)
+class End:
+    """An iterable dataset has no more items for this worker; slot `ref` is unused."""
+
+    task_id: int
+    epoch: int
+    ref: SlotRef
+
+
+@dataclass(**_MESSAGE)
+class Failed:
+    """Building task `task_id` raised; slot `ref` is unused."""
+
+    task_id: int
+    epoch: int
+    error: ErrorInfo
+    ref: SlotRef
+    skipped: list[tuple[Any, str]]
+
+
+@dataclass(**_MESSAGE)
+class NeedSlot:
+    """Task `task_id` needs `nbytes`; the main process frees `old` and answers with `Slot`."""
+
+    task_id: int
+    nbytes: int
+    old: SlotRef
+
+
+@dataclass(**_MESSAGE)
+class StartupError:
+    """worker_init_fn or iter(dataset) raised before any task; the worker has returned."""
+
+    error: ErrorInfo
