@@ -17,6 +17,22 @@ records; an interrupted build (Ctrl-C, crash, SIGKILL) resumes from the journal 
 with the same dataset fingerprint, and the finished file appears at ``path`` atomically (fsync,
 ``os.replace``).
 
+Bad samples. ``on_error="raise"`` (default): the first sample the dataset fails on stops the
+build with ``CacheSampleError`` (index, file, reason; the worker's traceback as its cause).
+``on_error="skip"``: failed samples are left out and recorded in the header (source index, path,
+reason; ``CachedDataset.skipped``), and the cache is *renumbered*: ``len()`` counts the stored
+samples, indices are dense, every sample keeps its own label, and
+``CachedDataset.source_indices`` maps back to the source's indices. (Keeping source indices
+would leave holes that every sampler would have to avoid.) Skipped samples are retried when an
+interrupted build resumes.
+
+Resume after a fix. Each journal row records the identity of its source sample (path under the
+root, size, mtime, label). When the source's fingerprint changed, the build still resumes if
+only samples without a finished record changed (a bad file fixed, replaced or removed, files
+added): finished rows are renumbered to the current listing. A change to an already cached file
+or label, to the transform, dataset class, seed or variants starts afresh, with a warning that
+says why. Records kept across such a resume keep the seeds of the index they were built at.
+
 ``CachedDataset`` maps the file read-only and hands the transform numpy views of the records (no
 copy); ``getitem_into`` lets the transform's last op write straight into the loader's batch slot.
 
@@ -38,6 +54,7 @@ import random
 import re
 import sys
 import time
+import traceback
 import warnings
 import zlib
 from typing import Any, Callable, Sequence
@@ -45,19 +62,21 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .cache_format import (
-    DATA_START, FORMAT_VERSION, JOURNAL_MAGIC, PREAMBLE_SIZE, STATE_BUILDING, STATE_COMPLETE,
-    VAR_KINDS, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError,
-    CacheRecordError, align, apply_entries, entry_dtype, flatten, header_bytes, index_arrays,
-    infer_layout, infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves,
-    pack_preamble, pwrite_all, read_header, reserve,
+    DATA_START, FORMAT_VERSION, JOURNAL_HEADER_MAX, JOURNAL_VERSION, PREAMBLE_SIZE,
+    STATE_BUILDING, STATE_COMPLETE, VAR_KINDS, CacheError, CacheFormatError,
+    CacheIncompleteError, CacheMismatchError, CacheRecordError, CacheSampleError, align,
+    apply_entries, entry_dtype, flatten, header_bytes, index_arrays, infer_layout,
+    infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves, pack_journal_header,
+    pack_preamble, pwrite_all, read_header, reserve, unpack_journal_header,
 )
-from .errors import WorkerError
+from ._cli import one_line
+from .errors import SampleError, WorkerError
 from .loader import PooledLoader
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
            "partial_progress", "main",
            "CacheError", "CacheFormatError", "CacheIncompleteError", "CacheMismatchError",
-           "CacheRecordError"]
+           "CacheRecordError", "CacheSampleError"]
 
 # ---------------------------------------------------------------------------------------------
 # Fingerprint and seeds
@@ -155,23 +174,68 @@ class _SavedRng:
 
 
 # ---------------------------------------------------------------------------------------------
+# Per-sample source identity: lets a resume accept a source in which only samples without a
+# finished record changed (a bad file fixed or removed). Kept apart from fingerprint_info, which
+# identifies the source as a whole.
+
+
+def _sample_file(ds: Any, i: int) -> str | None:
+    """Path of sample ``i``'s source file, when the dataset has a ``samples`` list."""
+    try:
+        s = ds.samples[i]
+    except Exception:  # noqa: BLE001 - no file list: the sample is named by its index only
+        return None
+    p = s[0] if isinstance(s, (tuple, list)) else s
+    return os.fspath(p) if isinstance(p, (str, os.PathLike)) else None
+
+
+def _source_root(ds: Any) -> str | None:
+    """Root that source paths are taken relative to (movable data); None without a file list."""
+    samples = getattr(ds, "samples", None)
+    if not isinstance(samples, (list, tuple)) or _sample_file(ds, 0) is None:
+        return None
+    root = getattr(ds, "root", None)
+    if isinstance(root, (str, os.PathLike)):
+        return os.path.abspath(root)
+    paths = [os.path.abspath(p) for p in (_sample_file(ds, i) for i in range(len(samples))) if p]
+    return os.path.commonpath(paths)
+
+
+def sample_identity(ds: Any, i: int, root: str | None) -> int:
+    """Nonzero u64 naming sample ``i``'s source as it is now: its file (path under ``root``, size,
+    mtime) and the rest of its ``samples`` entry (the label); 0 when it has no file."""
+    p = _sample_file(ds, i) if root is not None else None
+    if p is None:
+        return 0
+    s = ds.samples[i]
+    rest = s[1:] if isinstance(s, (tuple, list)) else ()
+    try:
+        st = os.stat(p)
+        state = f"{st.st_size}\0{st.st_mtime_ns}"
+    except OSError:
+        state = "missing"
+    key = f"{os.path.relpath(os.path.abspath(p), root)}\0{state}\0{_stable_repr(rest)}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") or 1
+
+
+# ---------------------------------------------------------------------------------------------
 # Build tasks: run by PooledLoader's workers (or in-process when num_workers=0)
-
-
-class _SampleFailed(CacheError):
-    """The source dataset failed on a sample (re-raised by the loader with worker and task)."""
 
 
 class _BuildTasks:
     """Map-style dataset of build tasks: ``tasks[pairs]`` computes the records of ``pairs``
     (``(index, variant)`` tuples), writes them straight into the ``.partial`` file and returns
-    ``(layout or None, journal rows as bytes)``: only those small rows travel back. The layout is
-    given on resume, else inferred from each process's first sample and sent with its first
-    result (the main process checks that all agree)."""
+    ``(layout or None, journal rows as bytes, failures)``: only those small results travel back.
+    The layout is given on resume, else inferred from each process's first sample and sent with
+    its first rows (the main process checks that all agree). A sample the dataset fails on gets
+    no record but a failure report (``_failure_report``); with ``on_error="raise"`` the task stops
+    there.
+    """
 
-    def __init__(self, dataset: Any, partial: str, seed: int, tree: dict | None,
-                 lock_fd: int) -> None:
+    def __init__(self, dataset: Any, partial: str, seed: int, tree: dict | None, lock_fd: int,
+                 on_error: str, root: str | None) -> None:
         self.dataset, self.partial, self.seed, self.tree = dataset, partial, seed, tree
+        self.on_error, self.root = on_error, root
         st = os.fstat(lock_fd)
         self.lock, self.owner = (lock_fd, st.st_dev, st.st_ino), os.getpid()
         self._pid = self._fd = None
@@ -198,25 +262,32 @@ class _BuildTasks:
             self._leaves = infer_layout_from_tree(tree)[1]
             self._dtype = entry_dtype(self._leaves)
 
-    def __getitem__(self, pairs: Sequence[tuple[int, int]]) -> tuple[dict | None, bytes]:
+    def __getitem__(self, pairs: Sequence[tuple[int, int]]
+                    ) -> tuple[dict | None, bytes, list[dict]]:
         if self._pid != os.getpid():
             self._open()
-        ds, rows = self.dataset, None
-        for r, (i, k) in enumerate(pairs):
+        ds, rows, written, failures = self.dataset, None, 0, []
+        for i, k in pairs:
+            _seed_everything(self.seed, i, k)
             try:
-                _seed_everything(self.seed, i, k)
                 sample = ds[i]
-                if self._tree is None:
-                    self._set_layout(infer_layout(sample)[0])
-                values = flatten(sample, self._tree, f"dataset[{i}]")
-                if rows is None:
-                    rows = np.zeros(len(pairs), self._dtype)
-                _write_record(self._fd, rows[r:r + 1], i, k, values, self._leaves)
-            except Exception as e:
-                raise _SampleFailed(f"sample {i}{_sample_name(ds, i)} (variant {k}): "
-                                    f"{type(e).__name__}: {e}") from e
-        tree, self._sent = (None if self._sent else self._tree), True
-        return tree, rows.tobytes()
+            except Exception as e:  # noqa: BLE001 - any failure of the dataset is this sample's
+                failures.append(_failure_report(ds, i, k, e))
+                if self.on_error == "raise":
+                    break
+                continue
+            if self._tree is None:
+                self._set_layout(infer_layout(sample)[0])
+            values = flatten(sample, self._tree, f"dataset[{i}]")
+            if rows is None:
+                rows = np.zeros(len(pairs), self._dtype)
+            _write_record(self._fd, rows[written:written + 1], i, k,
+                          sample_identity(ds, i, self.root), values, self._leaves)
+            written += 1
+        tree = None
+        if written and not self._sent:
+            tree, self._sent = self._tree, True
+        return tree, (rows[:written].tobytes() if written else b""), failures
 
     def close(self) -> None:
         if self._pid == os.getpid():
@@ -228,17 +299,22 @@ def _as_is(result: Any) -> Any:
     return result
 
 
-def _sample_name(ds: Any, i: int) -> str:
-    try:
-        s = ds.samples[i]
-        return f" ({os.fspath(s[0] if isinstance(s, (tuple, list)) else s)})"
-    except Exception:
-        return ""
+def _failure_report(ds: Any, i: int, k: int, e: Exception) -> dict:
+    """What the main process needs to report or record a failed sample (small, picklable)."""
+    file = _sample_file(ds, i)
+    text = str(e).strip()
+    reason = text.splitlines()[0] if text else type(e).__name__
+    if file and reason.startswith(f"{file}: "):  # the dataset named the file: say it once
+        reason = reason[len(file) + 2:]
+    elif not isinstance(e, SampleError):
+        reason = f"{type(e).__name__}: {reason}"
+    return {"index": i, "variant": k, "file": file, "reason": reason,
+            "traceback": "".join(traceback.format_exception(e))}
 
 
-def _write_record(fd: int, row: np.ndarray, i: int, k: int, values: list,
+def _write_record(fd: int, row: np.ndarray, i: int, k: int, source: int, values: list,
                   leaves: list[dict]) -> None:
-    row["index"], row["variant"] = i, k
+    row["index"], row["variant"], row["source"] = i, k, source
     arrays, sizes = [], []
     for lf, v in zip(leaves, values):
         if lf["kind"] in VAR_KINDS:
@@ -256,29 +332,60 @@ def _write_record(fd: int, row: np.ndarray, i: int, k: int, values: list,
         if lf["ndim"]:
             row[f"s{j}"] = a.shape
         off += size
-    raw = row.tobytes()
-    row["ecrc"] = zlib.crc32(raw[:-4])
+    _seal_row(row)
+
+
+def _seal_row(row: np.ndarray) -> None:
+    """Set a one-row journal entry's own checksum (over every other field)."""
+    row["ecrc"] = zlib.crc32(row.tobytes()[:-4])
+
+
+class _SourceTraceback(Exception):
+    """Carries the traceback of the process that ran a failed sample, as the exception's cause."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
 
 
 # ---------------------------------------------------------------------------------------------
 # Build
 
+ON_ERROR = ("raise", "skip")
+LOCK_TRIES, LOCK_WAIT_S = 20, 0.1  # a killed build's processes may take a moment to go
+# on_error="skip": this many failures before the first success is a broken pipeline, not a few
+# bad files, so the build stops instead of skipping everything.
+MAX_FAILURES_BEFORE_FIRST_SUCCESS = 32
+
 
 def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
                 variants: int = 1, progress: bool = True, seed: int = 0,
                 overwrite: bool = False, chunk_size: int = 8,
-                multiprocessing_context: str | None = None) -> str:
+                multiprocessing_context: str | None = None, on_error: str = "raise") -> str:
     """Run ``dataset[i]`` for every index (``variants`` times) and store the samples at ``path``.
 
     Resumes an interrupted build of the same dataset (fingerprint), seed and variants from
-    ``path + ".partial"``. If ``path`` already holds a complete cache of this dataset it is kept
-    (``overwrite=True`` rebuilds it); a cache of another dataset there raises CacheMismatchError.
-    Returns ``path``. ``num_workers`` PooledLoader worker processes (``multiprocessing_context``,
-    default fork where available) write records straight into the file; 0 builds in-process.
+    ``path + ".partial"``; after a failed sample's file was fixed, replaced or removed the build
+    resumes too (see the module docstring). If ``path`` already holds a complete cache of this
+    dataset it is kept (``overwrite=True`` rebuilds it); a cache of another dataset there raises
+    CacheMismatchError. Returns ``path``. ``num_workers`` PooledLoader worker processes
+    (``multiprocessing_context``, default fork where available) write records straight into the
+    file; 0 builds in-process.
+
+    ``on_error="raise"``: a sample the dataset fails on stops the build with CacheSampleError
+    (finished records are kept for the resume). ``"skip"``: such samples are left out of the
+    cache and recorded in its header (``CachedDataset.skipped``); the cache numbers the rest
+    densely (``CachedDataset.source_indices``). ``progress`` shows a bar and, with skipped
+    samples, a one-line summary on stderr.
     """
     path = os.fspath(path)
     if variants < 1:
         raise ValueError(f"variants must be >= 1, got {variants}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     count = len(dataset)
     if count == 0:
         raise ValueError("cannot cache an empty dataset")
@@ -297,143 +404,301 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
             return path
         raise CacheMismatchError(
             f"{path} exists and is not a cache of this dataset with variants={variants}, "
-            f"seed={seed}; delete it or pass overwrite=True")
+            f"seed={seed}; delete it or pass overwrite=True (--overwrite)")
     jfd = os.open(journal, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        for attempt in range(20):  # a killed build's processes may take a moment to go
+        for _ in range(LOCK_TRIES):
             try:
                 fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                time.sleep(0.1)
+                time.sleep(LOCK_WAIT_S)
         else:
             raise CacheError(f"another build of {path} is running (it holds {journal})")
         with _SavedRng():
-            _build_locked(dataset, path, partial, journal, jfd, info, fp, count, variants,
-                          seed, num_workers, progress, chunk_size, multiprocessing_context)
+            build = _Build(dataset, path, jfd, info, count, variants, seed, on_error)
+            build.run(num_workers, progress, chunk_size, multiprocessing_context)
     finally:
         os.close(jfd)
     return path
 
 
-def _build_locked(dataset: Any, path: str, partial: str, journal: str, jfd: int, info: dict,
-                  fp: str, count: int, variants: int, seed: int, num_workers: int,
-                  progress: bool, chunk_size: int, mp_context: str | None) -> None:
-    spec = {"format_version": FORMAT_VERSION, "fingerprint": fp, "count": count,
-            "variants": variants, "seed": seed}
-    state = _resume(partial, journal, jfd, spec)
-    if state is None:
-        with open(partial, "wb") as f:
-            f.write(pack_preamble(STATE_BUILDING).ljust(DATA_START, b"\x00"))
-        tree, leaves, arrs, done = None, None, None, np.zeros((count, variants), bool)
-    else:
-        tree, leaves, arrs, done = state
-    todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~done))]
-    tasks = [tuple(todo[s:s + chunk_size]) for s in range(0, len(todo), chunk_size)]
-    builder = _BuildTasks(dataset, partial, seed, tree, jfd)
-    if num_workers > 0:  # fork where available: the dataset need not be picklable
-        import multiprocessing as mp
-        mp_context = mp_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
-        extra = {"multiprocessing_context": mp_context, "persistent_workers": True,
-                 "prefetch_factor": 3}  # persistent: close() stops the workers at once
-    else:
-        extra = {}
-    loader = PooledLoader(builder, batch_size=None, sampler=tasks, num_workers=num_workers,
-                          collate_fn=_as_is, in_order=False, **extra)
-    from tqdm import tqdm
-    bar = tqdm(total=count * variants, initial=int(done.sum()), disable=not progress,
-               desc=f"caching {os.path.basename(path)}", unit="rec", smoothing=0.05)
-    os.lseek(jfd, 0, os.SEEK_END)
-    try:
-        for got, raw in (loader if tasks else ()):
-            if got is not None and got != tree:  # a process's first result brings its layout
-                if tree is not None:
-                    raise CacheError(f"building {path}: samples differ in structure ({got} vs "
-                                     f"{tree}); every sample must have the same layout")
-                tree, leaves = infer_layout_from_tree(got)
-                jhead = header_bytes({**spec, "layout": tree})
-                os.ftruncate(jfd, 0)
-                os.pwrite(jfd, JOURNAL_MAGIC + len(jhead).to_bytes(4, "little") + jhead, 0)
-                os.lseek(jfd, 0, os.SEEK_END)
-                arrs = index_arrays(leaves, count, variants)
-            os.write(jfd, raw)  # in the page cache at once: survives SIGKILL of this process
-            e = np.frombuffer(raw, entry_dtype(leaves))
-            apply_entries(arrs, done, e, leaves)
-            bar.update(len(e))
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\ninterrupted: {int(done.sum())} of {count * variants} records kept in "
-              f"{partial}; run the build again to resume", file=sys.stderr)
-        raise
-    except (_SampleFailed, WorkerError) as e:  # in-process: keep the sample's traceback
-        raise CacheError(_failure(path, partial, e)) from (None if num_workers else e)
-    finally:
-        bar.close()
-        loader.close()
-        builder.close()
-    _finish(path, partial, journal, tree, leaves, arrs, info, fp, count, variants, seed)
+class _Build:
+    """One build under the journal's lock: resume or start, run the tasks, journal each result,
+    then write the trailer and move the file into place."""
 
+    def __init__(self, dataset: Any, path: str, jfd: int, info: dict, count: int,
+                 variants: int, seed: int, on_error: str) -> None:
+        self.dataset, self.path, self.jfd, self.on_error = dataset, path, jfd, on_error
+        self.partial, self.journal = path + ".partial", path + ".partial.journal"
+        self.count, self.variants, self.seed = count, variants, seed
+        self.spec = {"journal_version": JOURNAL_VERSION, "format_version": FORMAT_VERSION,
+                     "fingerprint": _digest(info), "count": count, "variants": variants,
+                     "seed": seed, "source": info}
+        self.root = _source_root(dataset)
+        self.tree: dict | None = None
+        self.leaves: list[dict] = []
+        self.arrs: dict[str, np.ndarray] = {}
+        self.done = np.zeros((count, variants), bool)
+        self.skipped: dict[int, dict] = {}  # source index -> first failure report
 
-def _failure(path: str, partial: str, e: Exception) -> str:
-    """One line naming the sample (or the dead worker), then the loader's report if any."""
-    msg = str(e).rstrip()
-    if isinstance(e, WorkerError):
-        return (f"building {path}: a build worker died ({msg}); finished records are kept in "
-                f"{partial}: run the build again to resume")
-    found = re.findall(r"(?m)(sample \d+.*\(variant \d+\): .*)$", msg)
-    head = found[-1] if found else msg.splitlines()[0]
-    return (f"building {path}: {head}; finished records are kept in {partial}: fix the cause "
-            "and run the build again to resume" + ("" if head == msg else f"\n\n{msg}"))
+    # -- start or resume --
 
+    def _start(self) -> None:
+        why = self._resume()
+        if why is not None:
+            warnings.warn(f"{self.partial} is an unfinished build that cannot be resumed: {why}; "
+                          "starting afresh", stacklevel=4)
+        if self.tree is None:
+            with open(self.partial, "wb") as f:
+                f.write(pack_preamble(STATE_BUILDING).ljust(DATA_START, b"\x00"))
+            os.ftruncate(self.jfd, 0)
 
-def _resume(partial: str, journal: str, jfd: int, spec: dict):
-    """Index state recovered from an interrupted build, or None to start afresh."""
-    raw = os.pread(jfd, 1 << 20, 0)
-    if not os.path.exists(partial) or len(raw) < 12 or raw[:8] != JOURNAL_MAGIC:
+    def _resume(self) -> str | None:
+        """Recover the finished records of an interrupted build; why not, when there is one that
+        cannot be resumed (None otherwise)."""
+        head = unpack_journal_header(os.pread(self.jfd, JOURNAL_HEADER_MAX, 0))
+        if head is None or not os.path.exists(self.partial):
+            return None
+        jhead, start = head
+        for key in ("journal_version", "format_version", "variants", "seed"):
+            if jhead.get(key) != self.spec[key]:
+                return (f"it was started with {key}={jhead.get(key)!r}, this build has "
+                        f"{self.spec[key]!r}")
+        tree, leaves = infer_layout_from_tree(jhead["layout"])
+        rows = self._journal_rows(jhead, start, leaves)
+        if jhead["fingerprint"] != self.spec["fingerprint"]:
+            rows, why = self._rows_for_changed_source(jhead, rows)
+            if why is not None:
+                return why
+            data = pack_journal_header({**self.spec, "layout": tree}) + rows.tobytes()
+            os.pwrite(self.jfd, data, 0)  # the journal now describes the source as it is
+            os.ftruncate(self.jfd, len(data))
+        self._set_layout(tree, leaves)
+        apply_entries(self.arrs, self.done, rows, leaves)
         return None
-    n = int.from_bytes(raw[8:12], "little")
-    try:
-        jhead = json.loads(raw[12:12 + n])
-    except ValueError:
-        return None
-    if any(jhead.get(k) != v for k, v in spec.items()):
-        warnings.warn(f"{partial} is an unfinished build of another dataset/seed/variants; "
-                      "starting afresh")
-        return None
-    tree = jhead["layout"]
-    _, leaves = infer_layout_from_tree(tree)
-    dtype = entry_dtype(leaves)
-    start = 12 + n
-    size = os.fstat(jfd).st_size
-    nent = max(0, (size - start) // dtype.itemsize)
-    body = os.pread(jfd, nent * dtype.itemsize, start) if nent else b""
-    ents = np.frombuffer(body, dtype)
-    os.ftruncate(jfd, start + nent * dtype.itemsize)  # drop a torn last entry
-    arrs = index_arrays(leaves, spec["count"], spec["variants"])
-    done = np.zeros((spec["count"], spec["variants"]), bool)
-    with open(partial, "rb") as f:
-        fsize = os.fstat(f.fileno()).st_size
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if fsize else None
+
+    def _journal_rows(self, jhead: dict, start: int, leaves: list[dict]) -> np.ndarray:
+        """The journal's rows whose own and record checksums hold (a torn last row is cut)."""
+        dtype = entry_dtype(leaves)
+        nrows = max(0, (os.fstat(self.jfd).st_size - start) // dtype.itemsize)
+        os.ftruncate(self.jfd, start + nrows * dtype.itemsize)
+        rows = np.frombuffer(os.pread(self.jfd, nrows * dtype.itemsize, start), dtype).copy()
+        good = np.zeros(len(rows), bool)
+        with open(self.partial, "rb") as f:
+            fsize = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if fsize else None
+            try:
+                for r in range(len(rows)):
+                    good[r] = _row_holds(rows[r:r + 1], jhead, leaves, mm, fsize)
+            finally:
+                if mm is not None:
+                    mm.close()
+        return rows[good]
+
+    def _rows_for_changed_source(self, jhead: dict, rows: np.ndarray
+                                 ) -> tuple[np.ndarray, str | None]:
+        """Rows renumbered for the source as it is now, when only samples without a finished
+        record changed (removed, replaced or added); else why the build starts over."""
+        old, new = jhead.get("source", {}), self.spec["source"]
+        changed = sorted(k for k in set(old) | set(new) if k not in ("len", "files", "files_sha256")
+                         and old.get(k) != new.get(k))
+        if changed:
+            return rows, "; ".join(f"its {k} changed from {old.get(k)!r} to {new.get(k)!r}"
+                                   for k in changed)
+        if self.root is None or (rows["source"] == 0).any():
+            return rows, ("the source changed and the dataset has no `samples` file list to tell "
+                          "which samples did")
+        now = {sample_identity(self.dataset, i, self.root): i for i in range(self.count)}
+        index = np.array([now.get(int(s), -1) for s in rows["source"]], np.int64)
+        if (index < 0).any():
+            n = len(np.unique(rows["index"][index < 0]))
+            return rows, (f"{n} already cached sample{'s' if n > 1 else ''} changed since it "
+                          "started (file replaced, removed or moved, or its label changed)")
+        rows["index"] = index
+        for r in range(len(rows)):
+            _seal_row(rows[r:r + 1])
+        return rows, None
+
+    def _set_layout(self, tree: dict, leaves: list[dict]) -> None:
+        self.tree, self.leaves = tree, leaves
+        self.arrs = index_arrays(leaves, self.count, self.variants)
+
+    # -- run --
+
+    def run(self, num_workers: int, progress: bool, chunk_size: int,
+            mp_context: str | None) -> None:
+        self._start()
+        todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~self.done))]
+        tasks = [tuple(todo[s:s + chunk_size]) for s in range(0, len(todo), chunk_size)]
+        builder = _BuildTasks(self.dataset, self.partial, self.seed, self.tree, self.jfd,
+                              self.on_error, self.root)
+        if num_workers > 0:  # fork where available: the dataset need not be picklable
+            import multiprocessing as mp
+            mp_context = mp_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
+            extra = {"multiprocessing_context": mp_context, "persistent_workers": True,
+                     "prefetch_factor": 3}  # persistent: close() stops the workers at once
+        else:
+            extra = {}
+        loader = PooledLoader(builder, batch_size=None, sampler=tasks, num_workers=num_workers,
+                              collate_fn=_as_is, in_order=False, **extra)
+        from tqdm import tqdm
+        bar = tqdm(total=self.count * self.variants, initial=int(self.done.sum()),
+                   disable=not progress, desc=f"caching {os.path.basename(self.path)}",
+                   unit="rec", smoothing=0.05)
+        os.lseek(self.jfd, 0, os.SEEK_END)
         try:
-            for r in range(len(ents)):
-                e = ents[r:r + 1]
-                if zlib.crc32(e.tobytes()[:-4]) != int(e["ecrc"][0]) \
-                        or not 0 <= e["index"][0] < spec["count"] \
-                        or not 0 <= e["variant"][0] < spec["variants"]:
-                    continue
-                ok = True
-                for lf in leaves:
-                    if lf["kind"] in VAR_KINDS:
-                        j = lf["id"]
-                        o, nb = int(e[f"o{j}"][0]), int(e[f"n{j}"][0])
-                        if o + nb > fsize or (nb and zlib.crc32(mm[o:o + nb]) != e[f"c{j}"][0]):
-                            ok = False
-                if ok:
-                    apply_entries(arrs, done, e, leaves)
+            for got, raw, failures in (loader if tasks else ()):
+                bar.update(self._take(got, raw, failures))
+            if not self.done.any():
+                f = self.skipped[min(self.skipped)]
+                raise CacheError(f"building {self.path}: every sample failed (e.g. {_where(f)}: "
+                                 f"{f['reason']}); nothing to cache") \
+                    from _SourceTraceback(f["traceback"])
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"\ninterrupted: {int(self.done.sum())} of {self.count * self.variants} records "
+                  f"kept in {self.partial}; run the build again to resume", file=sys.stderr)
+            raise
+        except CacheError:
+            self._drop_if_empty()
+            raise
+        except Exception as e:  # noqa: BLE001 - a worker died or the pipeline broke: one line
+            self._drop_if_empty()
+            raise CacheError(self._failure_line(e)) from e
         finally:
-            if mm is not None:
-                mm.close()
-    return tree, leaves, arrs, done
+            bar.close()
+            loader.close()
+            builder.close()
+        self._finish()
+        if progress and self.skipped:
+            print(self.summary(), file=sys.stderr)
+
+    def _take(self, got: dict | None, raw: bytes, failures: list[dict]) -> int:
+        """Journal one task's rows and handle its failures; the number of records it settled."""
+        if got is not None and got != self.tree:  # a process's first rows bring its layout
+            if self.tree is not None:
+                raise CacheError(f"building {self.path}: samples differ in structure ({got} vs "
+                                 f"{self.tree}); every sample must have the same layout")
+            self._set_layout(*infer_layout_from_tree(got))
+            os.ftruncate(self.jfd, 0)
+            os.pwrite(self.jfd, pack_journal_header({**self.spec, "layout": self.tree}), 0)
+            os.lseek(self.jfd, 0, os.SEEK_END)
+        rows = np.frombuffer(raw, entry_dtype(self.leaves)) if raw else ()
+        if raw:
+            os.write(self.jfd, raw)  # in the page cache at once: survives SIGKILL of this process
+            apply_entries(self.arrs, self.done, rows, self.leaves)
+        for f in failures:
+            if self.on_error == "raise":
+                raise self._sample_error(f) from _SourceTraceback(f["traceback"])
+            self.skipped.setdefault(f["index"], f)
+        if failures and not self.done.any() \
+                and len(self.skipped) >= MAX_FAILURES_BEFORE_FIRST_SUCCESS:
+            f = self.skipped[min(self.skipped)]
+            raise CacheError(
+                f"building {self.path}: the first {len(self.skipped)} samples all failed (e.g. "
+                f"{_where(f)}: {f['reason']}): that is a broken pipeline rather than a few bad "
+                "files; fix it and run the build again") from _SourceTraceback(f["traceback"])
+        return len(rows) + len(failures)
+
+    def _sample_error(self, f: dict) -> CacheSampleError:
+        kept = int(self.done.sum())
+        resume = f" to resume ({kept} records are kept in {self.partial})" if kept else ""
+        return CacheSampleError(
+            f"building {self.path}: {_where(f)} failed: {f['reason']}. Fix or remove the file "
+            f"and call build_cache() again{resume}, or pass on_error=\"skip\" to leave bad "
+            "samples out",
+            index=f["index"], variant=f["variant"], file=f["file"], reason=f["reason"], kept=kept)
+
+    def _failure_line(self, e: Exception) -> str:
+        """One line for a failure that is not a sample's: a dead worker or a broken pipeline."""
+        what = "a build worker died" if isinstance(e, WorkerError) else "the build failed"
+        return (f"building {self.path}: {what}: {one_line(e)}; finished records are kept in "
+                f"{self.partial}: fix the cause and run the build again to resume")
+
+    def _drop_if_empty(self) -> None:
+        """A build that finished no record leaves nothing behind (there is nothing to resume)."""
+        if not self.done.any():
+            for p in (self.partial, self.journal):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+    def summary(self) -> str:
+        n = len(self.skipped)
+        return (f"{n:,} of {self.count:,} samples skipped (see `python -m pooled_loader cache "
+                f"info {self.path}`)")
+
+    # -- finish --
+
+    def _finish(self) -> None:
+        kept = np.flatnonzero(self.done.all(axis=1))
+        lost = set(range(self.count)) - set(kept.tolist()) - set(self.skipped)
+        if lost:  # cannot happen: every task either journals its records or reports a failure
+            raise CacheError(f"building {self.path}: {len(lost)} samples were neither built nor "
+                             "skipped; run the build again")
+        arrs, extra = self.arrs, {"source_count": self.count, "skipped": []}
+        if self.skipped:
+            arrs = {name: a[kept] for name, a in arrs.items()}
+            arrs["source_index"] = kept.astype("<i8")
+            extra["skipped"] = [{"index": i, "path": f["file"], "reason": f["reason"]}
+                                for i, f in sorted(self.skipped.items())]
+        _write_trailer(self.partial, arrs, {
+            "format_version": FORMAT_VERSION, "count": len(kept), "variants": self.variants,
+            "seed": self.seed, "layout": self.tree, "data_start": DATA_START,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "source": {
+                **self.spec["source"], "fingerprint": self.spec["fingerprint"]}, **extra})
+        os.replace(self.partial, self.path)
+        dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        os.unlink(self.journal)
+
+
+def _row_holds(row: np.ndarray, jhead: dict, leaves: list[dict], mm: mmap.mmap | None,
+               fsize: int) -> bool:
+    """A journal row's own checksum holds, it is in range, and so are its records' checksums."""
+    if zlib.crc32(row.tobytes()[:-4]) != int(row["ecrc"][0]) \
+            or not 0 <= row["index"][0] < jhead["count"] \
+            or not 0 <= row["variant"][0] < jhead["variants"]:
+        return False
+    for lf in leaves:
+        if lf["kind"] in VAR_KINDS:
+            j = lf["id"]
+            off, n = int(row[f"o{j}"][0]), int(row[f"n{j}"][0])
+            if off + n > fsize or (n and zlib.crc32(mm[off:off + n]) != row[f"c{j}"][0]):
+                return False
+    return True
+
+
+def _where(f: dict) -> str:
+    return f"sample {f['index']} ({f['file']})" if f["file"] else f"sample {f['index']}"
+
+
+def _write_trailer(partial: str, arrs: dict[str, np.ndarray], header: dict) -> None:
+    """Append the index arrays and the JSON header, then mark the file complete (fsynced)."""
+    fd = os.open(partial, os.O_RDWR)
+    try:
+        data_end = os.fstat(fd).st_size
+        table = {}
+        off = align(data_end)
+        for name, a in arrs.items():
+            table[name] = {"offset": off, "dtype": a.dtype.str, "shape": list(a.shape)}
+            off = align(off + a.nbytes)
+        hb = header_bytes({**header, "arrays": table, "data_end": data_end})
+        os.ftruncate(fd, off + len(hb))
+        for name, a in arrs.items():
+            pwrite_all(fd, memoryview(np.ascontiguousarray(a).reshape(-1)).cast("B"),
+                       table[name]["offset"])
+        pwrite_all(fd, memoryview(hb), off)
+        os.fsync(fd)
+        os.pwrite(fd, pack_preamble(STATE_COMPLETE, off, len(hb), zlib.crc32(hb)), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def partial_progress(path: str | os.PathLike) -> tuple[int, int] | None:
@@ -444,48 +709,13 @@ def partial_progress(path: str | os.PathLike) -> tuple[int, int] | None:
             raw = f.read()
     except FileNotFoundError:
         return None
-    if len(raw) < 12 or raw[:8] != JOURNAL_MAGIC:
+    head = unpack_journal_header(raw)
+    if head is None or "layout" not in head[0]:
         return None
-    n = int.from_bytes(raw[8:12], "little")
-    jhead = json.loads(raw[12:12 + n])
+    jhead, start = head
     _, leaves = infer_layout_from_tree(jhead["layout"])
-    done = (len(raw) - 12 - n) // entry_dtype(leaves).itemsize
+    done = (len(raw) - start) // entry_dtype(leaves).itemsize
     return done, jhead["count"] * jhead["variants"]
-
-
-def _finish(path: str, partial: str, journal: str, tree: dict, leaves: list[dict],
-            arrs: dict[str, np.ndarray], info: dict, fp: str, count: int, variants: int,
-            seed: int) -> None:
-    fd = os.open(partial, os.O_RDWR)
-    try:
-        data_end = os.fstat(fd).st_size
-        table = {}
-        off = align(data_end)
-        for name, a in arrs.items():
-            table[name] = {"offset": off, "dtype": a.dtype.str, "shape": list(a.shape)}
-            off = align(off + a.nbytes)
-        header = {"format_version": FORMAT_VERSION, "count": count, "variants": variants,
-                  "seed": seed, "layout": tree, "arrays": table, "data_start": DATA_START,
-                  "data_end": data_end, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "source": {**info, "fingerprint": fp}}
-        hb = header_bytes(header)
-        os.ftruncate(fd, off + len(hb))
-        for name, a in arrs.items():
-            pwrite_all(fd, memoryview(np.ascontiguousarray(a).reshape(-1)).cast("B"),
-                        table[name]["offset"])
-        pwrite_all(fd, memoryview(hb), off)
-        os.fsync(fd)
-        os.pwrite(fd, pack_preamble(STATE_COMPLETE, off, len(hb), zlib.crc32(hb)), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(partial, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    os.unlink(journal)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,7 +771,8 @@ class CachedDataset:
         for name, a in hdr["arrays"].items():
             dt, shape = np.dtype(a["dtype"]), tuple(a["shape"])
             end = a["offset"] + dt.itemsize * int(np.prod(shape))
-            if end > fsize or shape[:2] != (count, variants):
+            want = (count,) if name == "source_index" else (count, variants)
+            if end > fsize or shape[:len(want)] != want:
                 raise CacheFormatError(f"{path}: index array {name} is out of bounds or has a "
                                        "wrong shape; rebuild the cache")
             arrays[name] = np.frombuffer(mm, dt, int(np.prod(shape)), a["offset"]).reshape(shape)
@@ -558,6 +789,10 @@ class CachedDataset:
                 i, k = (int(v[0]) for v in np.nonzero(bad))
                 raise CacheFormatError(f"{path}: record {i} (variant {k}) of leaf {j} lies "
                                        "outside the data or has an inconsistent size; rebuild")
+        source_count = hdr.get("source_count", count)
+        src = arrays.get("source_index")
+        if src is not None and len(src) and (src.min() < 0 or src.max() >= source_count):
+            raise CacheFormatError(f"{path}: source_index points outside the source; rebuild")
         self.header, self._tree, self._leaves, self._arrays = hdr, tree, leaves, arrays
         self._unflatten = make_unflatten(tree)
         self._var = [lf["kind"] in VAR_KINDS for lf in leaves]
@@ -587,8 +822,24 @@ class CachedDataset:
         return self.header["variants"]
 
     def __len__(self) -> int:
+        """Samples stored: the source's length less the samples skipped at build time."""
         self._ensure_open()
         return self.header["count"]
+
+    @property
+    def skipped(self) -> list[dict]:
+        """Samples left out at build time (``on_error="skip"``): ``{"index", "path", "reason"}``
+        with ``index`` the source dataset's index."""
+        self._ensure_open()
+        return list(self.header.get("skipped", []))
+
+    @property
+    def source_indices(self) -> np.ndarray:
+        """``source_indices[i]``: the source dataset's index of this cache's sample ``i`` (the
+        identity unless samples were skipped)."""
+        self._ensure_open()
+        src = self._arrays.get("source_index")
+        return np.arange(self.header["count"]) if src is None else src
 
     def set_epoch(self, epoch: int) -> None:
         """Read the variants of ``epoch`` from now on."""
@@ -718,13 +969,15 @@ def _accepts_out(transform: Callable | None) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``cache build SRC DST [--max-side N] [--variants K --crop S] [--workers N]``,
-    ``cache info DST``, ``cache verify DST``. A leading ``"cache"`` in ``argv`` is skipped."""
+    """``cache build SRC DST [--max-side N] [--variants K --crop S] [--workers N] [--skip-bad]``,
+    ``cache info DST [--all]``, ``cache verify DST``. A leading ``"cache"`` in ``argv`` is
+    skipped. Errors are raised; ``python -m pooled_loader`` prints them as one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["cache"]:
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="python -m pooled_loader cache",
-                                description="Build, inspect and check sample caches.")
+                                description="Build, inspect and check sample caches.",
+                                epilog="--verbose (any command): show the traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="cache an image folder (decoded, resized)")
     b.add_argument("src", help="image folder: SRC/CLASS/IMAGE")
@@ -736,53 +989,86 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="RandomResizedCrop(S) stored per variant (the random, expensive part)")
     b.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--skip-bad", action="store_true",
+                   help="leave images that fail to load out of the cache (listed by `info`)")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing cache at DST")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     i = sub.add_parser("info", help="print a cache's header")
     i.add_argument("dst")
+    i.add_argument("--all", action="store_true", help="list every skipped sample")
     v = sub.add_parser("verify", help="check every record's checksum")
     v.add_argument("dst")
     args = p.parse_args(argv)
-    try:
-        if args.cmd == "build":
-            if args.variants > 1 and args.crop is None:
-                p.error("--variants > 1 stores random outputs: give --crop S")
-            from .vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
-            ops = [DecodeImage()]
-            if args.max_side:
-                ops.append(Resize(max_side=args.max_side))
-            if args.crop:
-                ops.append(RandomResizedCrop(args.crop))
-            ds = ImageFolder(args.src, transform=Compose(ops))
-            build_cache(ds, args.dst, num_workers=args.workers, variants=args.variants,
-                        seed=args.seed, progress=not args.quiet)
-            print(f"{args.dst}: {len(ds)} samples x {args.variants} variants, "
-                  f"{os.path.getsize(args.dst) / 2**20:.1f} MiB")
-        elif args.cmd == "info":
-            ds = CachedDataset(args.dst)
-            h = ds.header
-            shp = {lf["id"]: ds._arrays.get(f"leaf{lf['id']}.shape") for lf in ds._leaves}
-            print(f"file:       {args.dst} ({os.path.getsize(args.dst) / 2**20:.1f} MiB)")
-            print(f"format:     version {h['format_version']}, created {h['created']}")
-            print(f"samples:    {h['count']} x {h['variants']} variants (seed {h['seed']})")
-            for lf in ds._leaves:
-                s = f"  leaf {lf['id']}: {lf['kind']}"
-                if lf.get("dtype"):
-                    s += f" {lf['dtype']}"
-                if shp.get(lf["id"]) is not None:
-                    a = shp[lf["id"]].reshape(-1, lf["ndim"])
-                    s += (f" shape min {tuple(int(v) for v in a.min(0))}"
-                          f" max {tuple(int(v) for v in a.max(0))}")
-                print(s)
-            for k, val in h["source"].items():
-                print(f"source.{k}: {val}")
-        else:
-            CachedDataset(args.dst).verify(progress=True)
-            print(f"{args.dst}: all records OK")
-    except (CacheError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.cmd == "build":
+        if args.variants > 1 and args.crop is None:
+            p.error("--variants > 1 stores random outputs: give --crop S")
+        _cli_build(args)
+    elif args.cmd == "info":
+        _cli_info(args.dst, args.all)
+    else:
+        CachedDataset(args.dst).verify(progress=True)
+        print(f"{args.dst}: all records OK")
     return 0
 
 
+def _cli_build(args: argparse.Namespace) -> None:
+    from .vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
+    ops = [DecodeImage()]
+    if args.max_side:
+        ops.append(Resize(max_side=args.max_side))
+    if args.crop:
+        ops.append(RandomResizedCrop(args.crop))
+    ds = ImageFolder(args.src, transform=Compose(ops))
+    try:
+        build_cache(ds, args.dst, num_workers=args.workers, variants=args.variants,
+                    seed=args.seed, progress=not args.quiet, overwrite=args.overwrite,
+                    on_error="skip" if args.skip_bad else "raise")
+    except CacheSampleError as e:
+        where = e.file or f"sample {e.index}"
+        resumes = f" (the build resumes: {e.kept:,} records are kept)" if e.kept else ""
+        raise CacheError(
+            f"cannot cache {where}: {e.reason}. Either fix or remove it and run the same command "
+            f"again{resumes}, or add --skip-bad to leave bad images out") from e
+    cache = CachedDataset(args.dst)
+    print(f"{args.dst}: {len(cache):,} samples x {cache.variants} variants, "
+          f"{os.path.getsize(args.dst) / 2**20:.1f} MiB")
+    if cache.skipped and args.quiet:  # else build_cache printed it under the progress bar
+        print(f"{len(cache.skipped):,} of {cache.header['source_count']:,} samples skipped "
+              f"(see `python -m pooled_loader cache info {args.dst}`)")
+
+
+INFO_SKIPPED_SHOWN = 20  # `cache info` lists this many skipped samples unless --all
+
+
+def _cli_info(dst: str, show_all: bool) -> None:
+    ds = CachedDataset(dst)
+    h = ds.header
+    shp = {lf["id"]: ds._arrays.get(f"leaf{lf['id']}.shape") for lf in ds._leaves}
+    print(f"file:       {dst} ({os.path.getsize(dst) / 2**20:.1f} MiB)")
+    print(f"format:     version {h['format_version']}, created {h['created']}")
+    print(f"samples:    {h['count']} x {h['variants']} variants (seed {h['seed']})")
+    for lf in ds._leaves:
+        s = f"  leaf {lf['id']}: {lf['kind']}"
+        if lf.get("dtype"):
+            s += f" {lf['dtype']}"
+        if shp.get(lf["id"]) is not None:
+            a = shp[lf["id"]].reshape(-1, lf["ndim"])
+            s += (f" shape min {tuple(int(v) for v in a.min(0))}"
+                  f" max {tuple(int(v) for v in a.max(0))}")
+        print(s)
+    skipped = ds.skipped
+    print(f"skipped:    {len(skipped)} of {h.get('source_count', h['count'])} source samples"
+          + (" (left out; cache indices are renumbered, CachedDataset.source_indices maps "
+             "them back)" if skipped else ""))
+    shown = skipped if show_all else skipped[:INFO_SKIPPED_SHOWN]
+    for s in shown:
+        print(f"  source index {s['index']}: {s['path'] or '(no file)'}: {s['reason']}")
+    if len(shown) < len(skipped):
+        print(f"  ... and {len(skipped) - len(shown)} more (--all lists them)")
+    for k, val in h["source"].items():
+        print(f"source.{k}: {val}")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    from ._cli import run
+    sys.exit(run(main, sys.argv[1:]))

@@ -24,11 +24,20 @@ and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layo
 - scalar leaves (int, float, bool, numpy scalars): ``leaf{j}.value`` ``(count, variants)``;
 - ``None`` leaves store nothing.
 
+A cache built with ``on_error="skip"`` leaves bad samples out and numbers the rest densely: the
+JSON header's ``count`` is the number of samples stored, ``source_count`` the source dataset's
+length, ``skipped`` a list of ``{"index", "path", "reason"}`` (source indices), and the index
+array ``source_index`` i64 ``(count,)`` maps each stored sample to its source index. Without
+skipped samples ``skipped`` is empty and ``source_index`` absent (the identity).
+
 While a build runs, records go to ``PATH.partial`` (preamble state 0, no trailer) and every
 finished record is appended to ``PATH.partial.journal``: ``JOURNAL_MAGIC``, u32 length, a JSON
-header (format version, fingerprint, count, variants, seed, layout), then one packed row per record
-(``entry_dtype``: index, variant, per leaf offset/nbytes/crc/shape or value, crc32 of the row).
-A resumed build keeps the rows whose row and record checksums hold.
+header (journal and format version, fingerprint and source description, count, variants, seed,
+layout), then one packed row per record (``entry_dtype``: index, variant, the source sample's
+identity, per leaf offset/nbytes/crc/shape or value, crc32 of the row); a sample that failed
+has no row. A resumed build keeps the rows whose row and record checksums hold; the identities
+let it accept a source in which only samples without a finished record changed (a bad file
+fixed or removed).
 
 The layout (JSON) is the tree of the first sample: ``{"t": "tuple"|"list", "items": [...]}``,
 ``{"t": "dict", "keys": [...], "items": [...]}`` or a leaf ``{"t": "leaf", "kind": ..., "id": j,
@@ -57,6 +66,9 @@ PREAMBLE_SIZE = 64
 DATA_START = 4096
 STATE_BUILDING, STATE_COMPLETE = 0, 1
 JOURNAL_MAGIC = b"PLJRNL\x00\x00"  # build journal: magic, u32 length, JSON, entries
+JOURNAL_HEAD = struct.Struct("<8sI")  # JOURNAL_MAGIC, length of the JSON header that follows
+JOURNAL_VERSION = 2  # 2: rows carry the source sample's identity
+JOURNAL_HEADER_MAX = 1 << 20  # the JSON header holds no per-sample data: 1 MiB is plenty
 
 VAR_KINDS = ("array", "tensor", "str", "bytes")
 SCALAR_KINDS = {"int": "<i8", "float": "<f8", "bool": "|b1"}
@@ -80,6 +92,21 @@ class CacheIncompleteError(CacheError):
 
 class CacheMismatchError(CacheError):
     """The cache was built from another dataset or transform than the one it is used with."""
+
+
+class CacheSampleError(CacheError):
+    """A build stopped because the source dataset failed on one sample.
+
+    ``index`` and ``variant`` name the sample, ``file`` its source file (None when the dataset
+    has no ``samples`` list), ``reason`` the error in a few words; the exception's cause carries
+    the traceback from the process that ran the sample.
+    """
+
+    def __init__(self, message: str, *, index: int, variant: int, file: str | None,
+                 reason: str, kept: int) -> None:
+        super().__init__(message)
+        self.index, self.variant, self.file, self.reason = index, variant, file, reason
+        self.kept = kept  # finished records kept for the resume
 
 
 align = round_up  # records and index arrays start at multiples of ALIGN (64 bytes)
@@ -270,7 +297,8 @@ def header_bytes(header: dict) -> bytes:
 
 
 def entry_dtype(leaves: list[dict]) -> np.dtype:
-    fields: list = [("index", "<i8"), ("variant", "<i4")]
+    """Packed journal row of one record; ``source`` identifies the sample's source (0: unknown)."""
+    fields: list = [("index", "<i8"), ("variant", "<i4"), ("source", "<u8")]
     for lf in leaves:
         j = lf["id"]
         if lf["kind"] in VAR_KINDS:
@@ -312,6 +340,26 @@ def apply_entries(arrs: dict[str, np.ndarray], done: np.ndarray, e: np.ndarray,
         elif lf["kind"] != "none":
             arrs[f"leaf{j}.value"][i, k] = e[f"v{j}"]
     done[i, k] = True
+
+
+def pack_journal_header(header: dict) -> bytes:
+    """Journal start: magic, length, canonical JSON."""
+    hb = header_bytes(header)
+    return JOURNAL_HEAD.pack(JOURNAL_MAGIC, len(hb)) + hb
+
+
+def unpack_journal_header(raw: bytes) -> tuple[dict, int] | None:
+    """(JSON header, offset of the first row) of a journal's first bytes; None if unreadable."""
+    if len(raw) < JOURNAL_HEAD.size or raw[:len(JOURNAL_MAGIC)] != JOURNAL_MAGIC:
+        return None
+    n = JOURNAL_HEAD.unpack_from(raw)[1]
+    start = JOURNAL_HEAD.size + n
+    if start > len(raw):
+        return None
+    try:
+        return json.loads(raw[JOURNAL_HEAD.size:start]), start
+    except ValueError:
+        return None
 
 
 def reserve(fd: int, nbytes: int) -> int:

@@ -15,8 +15,10 @@ import torch
 
 from pooled_loader.cache import (
     CachedDataset, CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError,
+    CacheSampleError,
     build_cache, dataset_fingerprint, main, partial_progress, variant_for_epoch,
 )
+from pooled_loader.__main__ import main as cli
 from pooled_loader.cache_format import FORMAT_VERSION
 from pooled_loader.errors import SampleError
 
@@ -388,7 +390,7 @@ def test_corrupted_record_found_by_verify_and_check_crc(built, tmp_path):
     with pytest.raises(SampleError):  # so the loader's on_error="skip" can skip it
         CachedDataset(bad, check_crc=True).getitem_into(5, (np.zeros((1, 1, 3), np.uint8), None))
     CachedDataset(bad, check_crc=True)[4]  # the other records still read
-    assert main(["cache", "verify", bad]) == 1
+    assert cli(["cache", "verify", bad]) == 1
 
 
 def test_fingerprint_mismatch(jpeg_root, built, tmp_path):
@@ -479,7 +481,7 @@ def test_cli_info_and_verify(built, capsys):
     out = capsys.readouterr().out
     assert "24 x 1 variants" in out and "array |u1" in out and "fingerprint" in out
     assert main(["verify", built]) == 0
-    assert main(["info", built + ".missing"]) == 1
+    assert cli(["cache", "info", built + ".missing"]) == 1
 
 
 def test_cli_build(jpeg_root, tmp_path):
@@ -517,3 +519,225 @@ def test_real_vision_pipeline_under_pooled_loader(jpeg_root, tmp_path):
     out = (np.zeros((3, 24, 24), np.uint8), None)
     res = ds.getitem_into(3, out)
     assert res[0] is out[0] and res[1] == src.samples[3][1]
+
+
+# ---- bad source files: stop with one line, or skip and record; resume after a fix ------------
+
+BAD_KINDS = ("zero_byte", "truncated", "not_an_image")
+BAD_REASONS = {"zero_byte": "empty file", "truncated": "corrupt JPEG",
+               "not_an_image": "not an image"}
+
+
+def write_bad(root, kind, name=None):
+    """One bad file of ``kind`` in ``root``'s class_1 (next to good JPEGs); its path."""
+    path = os.path.join(root, "class_1", name or f"bad_{kind}.jpg")
+    good = os.path.join(root, "class_0", sorted(os.listdir(os.path.join(root, "class_0")))[0])
+    with open(good, "rb") as f:
+        jpeg = f.read()
+    data = {"zero_byte": b"", "truncated": jpeg[:len(jpeg) // 2],
+            "not_an_image": b"this is a text file named .jpg\n"}[kind]
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def write_cmyk(root):
+    from PIL import Image
+    img = np.random.default_rng(5).integers(0, 256, (50, 70, 3), np.uint8)
+    path = os.path.join(root, "class_2", "cmyk.jpg")
+    Image.fromarray(img).convert("CMYK").save(path, "JPEG", quality=90)
+    return path
+
+
+def vision_front(root):
+    V = pytest.importorskip("pooled_loader.vision")
+    return V.ImageFolder(root, transform=V.Compose([V.DecodeImage(), V.Resize(max_side=64)]))
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_a_bad_file_stops_the_build_naming_the_file_and_the_reason(kind, tmp_path):
+    root = make_jpegs(str(tmp_path / "imgs"), n=9)
+    bad = write_bad(root, kind)
+    path = str(tmp_path / "c.plc")
+    with pytest.raises(CacheSampleError) as info:
+        build_cache(vision_front(root), path, num_workers=2, progress=False)
+    e = info.value
+    assert e.file == bad and BAD_REASONS[kind] in e.reason and bad not in e.reason
+    assert bad in str(e) and 'on_error="skip"' in str(e) and "\n" not in str(e)
+    assert "Traceback" in str(e.__cause__)  # the worker's traceback travels as the cause
+    assert not os.path.exists(path)
+
+
+def test_skip_bad_leaves_bad_files_out_records_them_and_renumbers(tmp_path):
+    root = make_jpegs(str(tmp_path / "imgs"), n=12)
+    bad = {write_bad(root, kind): kind for kind in BAD_KINDS}
+    cmyk = write_cmyk(root)
+    src = vision_front(root)
+    path = str(tmp_path / "c.plc")
+    build_cache(src, path, num_workers=2, progress=False, on_error="skip", chunk_size=2)
+    ds = CachedDataset(path, expect_fingerprint_of=src)
+    paths = [p for p, _ in src.samples]
+    assert len(src) == 16 and len(ds) == 13  # the CMYK JPEG decodes: it is not a bad file
+    assert sorted(s["path"] for s in ds.skipped) == sorted(bad)
+    for s in ds.skipped:
+        assert paths[s["index"]] == s["path"] and BAD_REASONS[bad[s["path"]]] in s["reason"]
+    kept = [i for i, p in enumerate(paths) if p not in bad]
+    assert ds.source_indices.tolist() == kept and cmyk in [paths[i] for i in kept]
+    for i, j in enumerate(ds.source_indices):  # dense indices, labels of the right source sample
+        img, label = ds[i]
+        ref, ref_label = src[int(j)]
+        assert label == ref_label and np.array_equal(img, ref)
+    from pooled_loader import PooledLoader
+    labels = [int(v) for _, lab in PooledLoader(ds, batch_size=None, num_workers=2)
+              for v in np.atleast_1d(lab)]
+    assert labels == [src.samples[j][1] for j in kept]
+    ds.verify()
+    assert not os.path.exists(path + ".partial") and not os.path.exists(path + ".partial.journal")
+
+
+def test_cmyk_jpeg_builds_without_skip(tmp_path):
+    from PIL import Image
+    root = make_jpegs(str(tmp_path / "imgs"), n=6)
+    cmyk = write_cmyk(root)
+    src = vision_front(root)
+    path = str(tmp_path / "c.plc")
+    build_cache(src, path, progress=False)
+    ds = CachedDataset(path)
+    i = [p for p, _ in src.samples].index(cmyk)
+    assert len(ds) == len(src) and ds.skipped == []
+    img = ds.raw(i)[0]
+    assert np.array_equal(img, src[i][0])
+    ref = np.asarray(Image.open(cmyk).convert("RGB").resize(img.shape[1::-1], Image.BILINEAR))
+    assert np.abs(img.astype(int) - ref).mean() < 12  # the colours survived the conversion
+
+
+def test_skip_gives_up_when_the_pipeline_itself_is_broken(jpeg_root, tmp_path):
+    broken = JpegFolder(jpeg_root, transform=lambda x: 1 / 0)
+    path = str(tmp_path / "c.plc")
+    with pytest.raises(CacheError, match="every sample failed|broken pipeline"):
+        build_cache(broken, path, progress=False, on_error="skip")
+    assert not os.path.exists(path) and not os.path.exists(path + ".partial")
+
+
+class CountingFolder:
+    """vision.ImageFolder that counts the samples it loads (in-process builds) and raises
+    KeyboardInterrupt at index ``stop_at``."""
+
+    def __new__(cls, root, stop_at=None):
+        V = pytest.importorskip("pooled_loader.vision")
+
+        class Counting(V.ImageFolder):
+            calls = 0
+
+            def __getitem__(self, i):
+                if i == stop_at:
+                    raise KeyboardInterrupt
+                type(self).calls += 1
+                return super().__getitem__(i)
+
+        Counting.__qualname__ = "CountingFolder"  # one class name for the fingerprint
+        return Counting(root, transform=V.Compose([V.DecodeImage(), V.Resize(max_side=64)]))
+
+
+@pytest.mark.parametrize("fix", ["remove", "replace"])
+def test_a_failed_build_resumes_after_the_bad_file_is_fixed(fix, tmp_path):
+    root = make_jpegs(str(tmp_path / "imgs"), n=12)
+    bad = write_bad(root, "truncated", name="img_004b.jpg")  # in the middle of class_1
+    path = str(tmp_path / "c.plc")
+    src = CountingFolder(root)
+    bad_index = [p for p, _ in src.samples].index(bad)
+    with pytest.raises(CacheSampleError) as info:
+        build_cache(src, path, progress=False, chunk_size=1)
+    assert info.value.kept == bad_index and partial_progress(path) == (bad_index, 13)
+    if fix == "remove":
+        os.unlink(bad)
+    else:
+        with open(os.path.join(root, "class_0", "img_000.jpg"), "rb") as f, \
+                open(bad, "wb") as g:
+            g.write(f.read())
+    src = CountingFolder(root)
+    build_cache(src, path, progress=False)
+    assert src.calls == len(src) - bad_index  # the finished records were kept
+    clean = str(tmp_path / "clean.plc")
+    build_cache(CountingFolder(root), clean, progress=False)
+    for a, b in zip(records(path), records(clean), strict=True):
+        assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+    CachedDataset(path, expect_fingerprint_of=src).verify()
+
+
+def test_a_change_to_an_already_cached_file_starts_over_saying_why(tmp_path):
+    root = make_jpegs(str(tmp_path / "imgs"), n=12)
+    bad = write_bad(root, "zero_byte")
+    path = str(tmp_path / "c.plc")
+    with pytest.raises(CacheSampleError):
+        build_cache(CountingFolder(root), path, progress=False, chunk_size=1)
+    os.unlink(bad)
+    first = os.path.join(root, "class_0", "img_000.jpg")  # already cached
+    st = os.stat(first)
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    src = CountingFolder(root)
+    with pytest.warns(UserWarning, match="1 already cached sample changed.*starting afresh"):
+        build_cache(src, path, progress=False)
+    assert src.calls == len(src)
+
+
+def test_skipped_samples_are_retried_when_a_build_resumes(tmp_path):
+    root = make_jpegs(str(tmp_path / "imgs"), n=12)
+    bad = write_bad(root, "not_an_image")
+    path = str(tmp_path / "c.plc")
+
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(CountingFolder(root, stop_at=10), path, progress=False, chunk_size=1,
+                    on_error="skip")
+    assert partial_progress(path) == (9, 13)  # the bad file got no record
+    os.unlink(bad)  # fixed while interrupted: resumes, and nothing is skipped any more
+    src = CountingFolder(root)
+    build_cache(src, path, progress=False, on_error="skip")
+    ds = CachedDataset(path)
+    assert len(ds) == 12 and ds.skipped == [] and src.calls == 12 - 9
+
+
+# ---- the command line, as a user runs it ------------------------------------------------------
+
+def run_cli(*args):
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(HERE)}
+    return subprocess.run([sys.executable, "-m", "pooled_loader", *args], capture_output=True,
+                          text=True, env=env, timeout=240)
+
+
+def test_cli_build_stops_with_one_line_then_resumes_or_skips(tmp_path, capsys):
+    pytest.importorskip("pooled_loader.vision")
+    root = make_jpegs(str(tmp_path / "imgs"), n=12)
+    bad = write_bad(root, "zero_byte")
+    dst = str(tmp_path / "c.plc")
+    build = ["cache", "build", root, dst, "--workers", "2", "--quiet", "--max-side", "48"]
+    r = run_cli(*build)  # as a user runs it: a process of its own
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and bad in lines[0] and "empty file" in lines[0]
+    assert "run the same command again" in lines[0] and "--skip-bad" in lines[0]
+    assert cli(build + ["--verbose"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
+    assert cli(build + ["--skip-bad"]) == 0
+    assert "1 of 13 samples skipped (see `python -m pooled_loader cache info" \
+        in capsys.readouterr().out
+    assert cli(["cache", "info", dst]) == 0
+    assert f"{bad}: empty file (0 bytes)" in capsys.readouterr().out
+    os.unlink(dst)
+    os.unlink(bad)
+    r = run_cli(*build)  # fixed: the same command succeeds
+    assert r.returncode == 0 and "12 samples" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["cache", "info", "/nonexistent/c.plc"],
+    ["cache", "build", "/nonexistent/imgs", "/tmp/never.plc", "--quiet"],
+    ["shards", "write", "/nonexistent/imgs", "/tmp/never-%03d.tar", "--per-shard", "2"],
+    ["tune", "--data", "/nonexistent/imgs"],
+])
+def test_every_command_reports_a_user_error_in_one_line(args, capsys):
+    assert cli(args) == 1
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "/nonexistent/" in lines[0], err
