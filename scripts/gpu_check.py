@@ -1,18 +1,38 @@
 #!/usr/bin/env python
-"""GPU acceptance check for pinned slots and GPU staging (run on a CUDA machine, < 4 minutes).
+"""GPU acceptance check for pinned slots and GPU staging (a CUDA machine; about a minute).
 
-    python scripts/gpu_check.py [--batches 200]
+    python scripts/gpu_check.py [--batches 30]
 
-Prints PASS/FAIL lines with figures; exits 1 if any check fails, 0 when all pass, and 0 with
+Each check prints PASS or FAIL with its figures; checks that can be fooled carry a control that
+must fail the same bound. Exits 1 if any check fails, 0 when all pass, and 0 with
 "SKIP: no CUDA device" on a machine without CUDA.
+
+1. GPU batches are bit-identical to the CPU path (same seed).
+2. Asynchrony: with the GPU busy for 50 ms (`torch.cuda._sleep`), `copy_(non_blocking=True)` from
+   a slot returns in microseconds and the copy is still queued; control: a blocking copy waits.
+3. Bandwidth: a slot copies at >= 90% of the speed of a tensor pinned by torch.
+4. Overlap: DeviceIter over pinned batches, with a step of about twice the copy time, stays within
+   OVERLAP_BOUND of the time with the data already on the GPU; control: the same with copies on
+   the consumer stream (serialised) must exceed the bound.
+5. Release fences (pin_memory=True, small pool): the GPU sleeps, `x.to("cuda", non_blocking=True)`,
+   x is dropped, later batches reuse its slot: every copy still equals the reference. Again on a
+   side stream with `record_stream`; control: on a side stream without it, copies are corrupted.
+6. No cudaMalloc, cudaHostRegister or slot allocation after a warm-up epoch, with persistent
+   workers and without (each epoch a new iterator on the loader's one copy stream).
+7. Kept GPU batches stay correct.
+8. With two GPUs: a loader on cuda:1 makes no CUDA context on cuda:0 (else SKIP).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
+import subprocess
 import sys
+import textwrap
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -20,10 +40,16 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pooled_loader import PooledLoader  # noqa: E402
-from pooled_loader.cuda import NormalizeImages  # noqa: E402
+from pooled_loader.cuda import (CudaBackend, DeviceIter, NormalizeImages,  # noqa: E402
+                                record_stream)
 
 SHAPE = (3, 224, 224)
 RESULTS: list[bool] = []
+BUSY_MS = 50.0  # GPU sleep ahead of the copy in the asynchrony check
+ASYNC_CALL_BOUND_MS = 1.0  # an asynchronous copy call returns well within this
+OVERLAP_BOUND = 1.2  # overlapped ~1.0x of data-resident time, serialised ~1.5x (step = 2x copy)
+FENCE_SLEEP_MS = 20.0  # GPU sleep before each pin-only copy: a slot reused too early is overwritten
+WORKERS = max(2, min(8, (os.cpu_count() or 2) - 2))
 
 
 def report(name: str, ok: bool, figures: str) -> None:
@@ -63,138 +89,281 @@ def loader(n: int, batch: int, dataset: type = RandomCrops, workers: int = 2,
                         generator=torch.Generator().manual_seed(0), **kw)
 
 
+def same_batches(got: list, reference: list) -> tuple[int, int]:
+    """(batches equal to the reference, batches compared); lengths must match."""
+    if len(got) != len(reference):
+        return 0, max(len(got), len(reference))
+    equal = sum(all(torch.equal(g.cpu(), r) for g, r in zip(gb, rb))
+                for gb, rb in zip(got, reference))
+    return equal, len(reference)
+
+
+def sleep_cycles_per_ms() -> float:
+    """torch.cuda._sleep spins for a number of GPU clock cycles: measure how many make 1 ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / start.elapsed_time(end)
+
+
 def check_bit_identical() -> None:
     cpu = [(x.clone(), y.clone()) for x, y in loader(512, 64)]
-    gpu = [(x.cpu(), y.cpu()) for x, y in loader(512, 64, device="cuda")]
-    same = len(cpu) == len(gpu) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-                                        for a, b in zip(cpu, gpu))
-    report("GPU batches bit-identical to the CPU path (same seed)", same,
-           f"{len(gpu)} batches of 64")
+    gpu = [(x, y) for x, y in loader(512, 64, device="cuda")]
+    equal, total = same_batches(gpu, cpu)
+    report("GPU batches bit-identical to the CPU path (same seed)", equal == total == 8,
+           f"{equal}/{total} batches of 64 equal")
 
 
-def check_no_allocations(batches: int) -> None:
-    batch = 64
-    ld = loader(batch * batches, batch, device="cuda", persistent_workers=True,
-                device_transform=NormalizeImages([0.5] * 3, [0.25] * 3, torch.float16))
-    for _ in ld:  # warm-up epoch
-        pass
+def check_asynchrony(cycles_per_ms: float) -> None:
+    ld = loader(256, 256, Plain, pin_memory=True)
+    x, _ = next(iter(ld))
+    dst = torch.empty(x.shape, dtype=x.dtype, device="cuda")
+    dst.copy_(x, non_blocking=True)
     torch.cuda.synchronize()
-    segs0 = torch.cuda.memory_stats()["segment.all.allocated"]
-    regs0 = ld._pool.counters["host_registers"]
-    slots0 = ld.stats()["slots_allocated"]
-    n = 0
-    for x, y in ld:
-        n += 1
-        assert x.is_cuda and x.dtype == torch.float16
-    torch.cuda.synchronize()
-    segs = torch.cuda.memory_stats()["segment.all.allocated"] - segs0
-    regs = ld._pool.counters["host_registers"] - regs0
-    slots = ld.stats()["slots_allocated"] - slots0
-    report("no cudaMalloc / cudaHostRegister / slot allocation after warm-up",
-           segs == 0 and regs == 0 and slots == 0 and n >= 200,
-           f"{n} batches: {segs} new device segments, {regs} host registers, {slots} new slots")
-    ld.close()
+    calls, queued, blocking = [], [], []
+    for _ in range(5):
+        torch.cuda._sleep(int(BUSY_MS * cycles_per_ms))
+        start = time.perf_counter()
+        dst.copy_(x, non_blocking=True)
+        calls.append((time.perf_counter() - start) * 1000)
+        after = torch.cuda.Event()
+        after.record()
+        queued.append(not after.query())
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(BUSY_MS * cycles_per_ms))  # control: a blocking copy must wait
+        start = time.perf_counter()
+        dst.copy_(x)
+        blocking.append((time.perf_counter() - start) * 1000)
+    call, control = statistics.median(calls), statistics.median(blocking)
+    report(f"slot copy_(non_blocking=True) returns at once while the GPU is busy {BUSY_MS:.0f} ms",
+           bool(x.is_pinned()) and call < ASYNC_CALL_BOUND_MS and all(queued)
+           and control > 0.8 * BUSY_MS,
+           f"{x.numel() / 1e6:.0f} MB: call {call * 1000:.0f} us (bound "
+           f"{ASYNC_CALL_BOUND_MS * 1000:.0f} us), still queued after the call {sum(queued)}/5; "
+           f"control: blocking copy {control:.1f} ms; is_pinned={x.is_pinned()}")
 
 
-def timed_copy(src: torch.Tensor, dst: torch.Tensor, reps: int = 20) -> float:
-    for _ in range(3):
+def copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int = 10) -> float:
+    """Median GPU time of one copy, from CUDA events."""
+    times = []
+    for _ in range(reps + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    return src.numel() * src.element_size() * reps / (time.perf_counter() - start) / 1e9
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[2:])
 
 
 def check_bandwidth() -> None:
     ld = loader(256, 256, Plain, pin_memory=True)
     x, _ = next(iter(ld))
     dst = torch.empty(x.shape, dtype=x.dtype, device="cuda")
-    slot = statistics.median(timed_copy(x, dst) for _ in range(3))
     pinned = torch.empty(x.shape, dtype=x.dtype).pin_memory()
-    plain = statistics.median(timed_copy(pinned, dst) for _ in range(3))
-    pageable = statistics.median(timed_copy(x.clone(), dst) for _ in range(3))
-    report("slots are pinned", bool(x.is_pinned()), f"is_pinned={x.is_pinned()}")
-    report("slot H2D bandwidth >= 90% of a pinned tensor copy", slot >= 0.9 * plain,
-           f"slot {slot:.1f} GB/s, pinned {plain:.1f} GB/s ({slot / plain:.0%})")
-    report("slot H2D bandwidth >= 3x an unpinned copy", slot >= 3 * pageable,
-           f"slot {slot:.1f} GB/s, pageable {pageable:.1f} GB/s ({slot / pageable:.1f}x)")
+    slot, plain = copy_ms(x, dst), copy_ms(pinned, dst)
+    gbs = x.numel() / 1e6
+    report("slot H2D bandwidth >= 90% of a torch-pinned tensor", plain / slot >= 0.9,
+           f"slot {gbs / slot:.1f} GB/s, pinned {gbs / plain:.1f} GB/s ({plain / slot:.0%})")
 
 
-def make_step(target_ms: float = 10.0):
-    """A synthetic training step of about `target_ms` GPU time (matmuls, calibrated)."""
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+class ConsumerStreamBackend(CudaBackend):
+    """Negative control: copies on the consumer's own stream, so they cannot overlap its steps."""
 
-    def run(reps: int) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(reps):
-            a.mm(a)
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1000
-    run(10)
-    per = run(50) / 50
-    reps = max(1, round(target_ms / per))
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+
+def make_step(target_ms: float):
+    """A synthetic training step of about `target_ms` GPU time (calibrated matmuls) that reads
+    its batch."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        a.mm(a)
+    start.record()
+    for _ in range(20):
+        a.mm(a)
+    end.record()
+    end.synchronize()
+    per_ms = start.elapsed_time(end) / 20
+    reps = max(1, round(target_ms / per_ms))
 
     def step(batch: torch.Tensor) -> None:
         for _ in range(reps):
             a.mm(a)
-        batch.float().mean()  # the step reads the batch
-    return step, reps * per
+        batch.view(-1)[:1 << 20].float().sum()
+    return step, reps * per_ms
+
+
+def timed_steps(batches, step, count: int) -> float:
+    """Seconds per step over `count` steps, GPU work included."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for x, _ in itertools.islice(batches, count):
+        step(x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / count
 
 
 def check_overlap() -> None:
-    step, step_ms = make_step()
-    batches = 60
-    workers = max(2, min(8, (os.cpu_count() or 2) - 2))
-    ld = loader(64 * (batches + 5), 64, Plain, workers, device="cuda", persistent_workers=True)
-    resident = [x for x, _ in ld][:batches]  # data already on the GPU
+    """The device stage alone: pinned host batches are already made, so the workers' speed does
+    not enter; the copy is a large share of the step, so serialised copies cannot hide."""
+    batch, distinct, steps = 512, 4, 40
+    ld = loader(batch * distinct, batch, Plain, WORKERS, pin_memory=True,
+                pool_slots=distinct + 2 * WORKERS + 2)
+    host = [(x, y) for x, y in ld]
+    copy = copy_ms(host[0][0], torch.empty(host[0][0].shape, dtype=torch.uint8, device="cuda"))
+    step, step_ms = make_step(2 * copy)
+    resident = [(x.cuda(), y.cuda()) for x, y in host]
+
+    def through(backend_type: type) -> float:
+        backend = backend_type("cuda")
+        for _ in range(2):  # the first pass warms the caching allocator up
+            it = DeviceIter(itertools.chain.from_iterable(itertools.repeat(host, steps)),
+                            torch.device("cuda"), depth=2, backend=backend)
+            per_step = timed_steps(it, step, steps)
+            it.close()
+        return per_step
+    timed_steps(itertools.cycle(resident), step, steps)
+    base = timed_steps(itertools.cycle(resident), step, steps)
+    loaded = through(CudaBackend)
+    serial = through(ConsumerStreamBackend)
+    report(f"copies overlap the step: within {OVERLAP_BOUND:.2f}x of data-resident time, and the "
+           "serialised control exceeds it",
+           loaded <= OVERLAP_BOUND * base < serial,
+           f"copy {copy:.2f} ms ({host[0][0].numel() / 1e6:.0f} MB), step {step_ms:.2f} ms; "
+           f"resident {base * 1000:.2f} ms/step, DeviceIter {loaded * 1000:.2f} ms/step "
+           f"({loaded / base:.2f}x), control on the consumer stream {serial * 1000:.2f} ms/step "
+           f"({serial / base:.2f}x)")
+
+
+def check_release_fences(cycles_per_ms: float) -> None:
+    n, batch = 24 * 16, 16
+    reference = [(x.clone(), y.clone()) for x, y in loader(n, batch)]
+    side = torch.cuda.Stream()
+    sleep = int(FENCE_SLEEP_MS * cycles_per_ms)
+
+    def run(mode: str) -> tuple[int, int]:
+        copies = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the small pool grows, with a warning
+            for x, y in loader(n, batch, pin_memory=True, pool_slots=2):
+                if mode == "current stream":
+                    torch.cuda._sleep(sleep)
+                    copies.append((x.to("cuda", non_blocking=True),
+                                   y.to("cuda", non_blocking=True)))
+                    continue
+                with torch.cuda.stream(side):
+                    torch.cuda._sleep(sleep)
+                    copies.append((x.to("cuda", non_blocking=True),
+                                   y.to("cuda", non_blocking=True)))
+                if mode == "side stream, record_stream":
+                    record_stream((x, y), side)
+                # x and y are dropped at the next step, outside the stream block
+        torch.cuda.synchronize()
+        return same_batches(copies, reference)
+
+    for mode in ("current stream", "side stream, record_stream"):
+        equal, total = run(mode)
+        report(f"pin_memory copies behind a {FENCE_SLEEP_MS:.0f} ms GPU sleep read their own "
+               f"batch ({mode})", equal == total == 24, f"{equal}/{total} batches equal")
+    equal, total = run("side stream, no record_stream")
+    report("control: side-stream copies without record_stream are overwritten (the check can "
+           "see a missing fence)", equal < total,
+           f"{total - equal}/{total} batches corrupted (expected > 0)")
+
+
+def check_no_allocations(batches: int, persistent: bool) -> None:
+    batch = 64
+    ld = loader(batch * batches, batch, workers=WORKERS, device="cuda",
+                persistent_workers=persistent,
+                device_transform=NormalizeImages([0.5] * 3, [0.25] * 3, torch.float16))
+    for _ in ld:  # warm-up epoch
+        pass
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for x in resident:
-        step(x)
+    stats0 = torch.cuda.memory_stats()
+    regs0 = ld._pool.counters["host_registers"]
+    slots0 = ld.stats()["slots_allocated"]
+    n, right = 0, 0
+    for _ in range(2):
+        for x, y in ld:
+            n += 1
+            right += x.is_cuda and x.dtype == torch.float16
     torch.cuda.synchronize()
-    base = time.perf_counter() - start
-    it = iter(ld)
-    step(next(it)[0])  # start the pipeline
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _, (x, _) in zip(range(batches), it):
-        step(x)
-    torch.cuda.synchronize()
-    loaded = time.perf_counter() - start
-    report("copies overlap a ~10 ms step: within 5% of data-resident time",
-           loaded <= 1.05 * base,
-           f"step {step_ms:.1f} ms; resident {base * 1000 / batches:.2f} ms/batch, "
-           f"through the loader {loaded * 1000 / batches:.2f} ms/batch ({loaded / base - 1:+.1%})")
+    stats = torch.cuda.memory_stats()
+    segs = stats["segment.all.allocated"] - stats0["segment.all.allocated"]
+    regs = ld._pool.counters["host_registers"] - regs0
+    slots = ld.stats()["slots_allocated"] - slots0
+    kind = "persistent" if persistent else "non-persistent"
+    report(f"no cudaMalloc / cudaHostRegister / slot allocation after warm-up ({kind} workers)",
+           segs == 0 and regs == 0 and slots == 0 and n == right == 2 * batches,
+           f"2 epochs, {n}/{2 * batches} batches: {segs} new device segments, {regs} host "
+           f"registers, {slots} new slots")
     ld.close()
 
 
 def check_retention() -> None:
-    kept = list(loader(100 * 16, 16, device="cuda", pool_slots=6))
+    kept = list(loader(60 * 16, 16, device="cuda", pool_slots=6))
     torch.cuda.synchronize()
-    reference = list(loader(100 * 16, 16))
-    ok = len(kept) == 100 and all(torch.equal(k[0].cpu(), r[0]) and torch.equal(k[1].cpu(), r[1])
-                                  for k, r in zip(kept, reference))
-    report("100 kept GPU batches stay correct", ok, f"{len(kept)} batches kept")
+    reference = list(loader(60 * 16, 16))
+    equal, total = same_batches(kept, reference)
+    report("60 kept GPU batches stay correct (6-slot pool)", equal == total == 60,
+           f"{equal}/{total} batches equal")
+
+
+def check_second_gpu_only() -> None:
+    if torch.cuda.device_count() < 2:
+        print("SKIP: a loader on cuda:1 makes no context on cuda:0 (one GPU)", flush=True)
+        return
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from gpu_check import loader
+        for kw in ({{"device": "cuda:1"}}, {{"device": "cuda:1", "pin_memory": True}}):
+            assert len(list(loader(64, 16, **kw))) == 4
+        torch.cuda.synchronize(1)
+        print(torch._C._cuda_hasPrimaryContext(0))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    report("a loader on cuda:1 makes no CUDA context on cuda:0",
+           out.returncode == 0 and out.stdout.strip().endswith("False"),
+           f"context on cuda:0: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--batches", type=int, default=200)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=30,
+                        help="batches per epoch in the allocation check (default 30)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 0
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{WORKERS} workers", flush=True)
     start = time.perf_counter()
-    for check in (check_bit_identical, lambda: check_no_allocations(args.batches),
-                  check_bandwidth, check_overlap, check_retention):
+    cycles_per_ms = sleep_cycles_per_ms()
+    checks = [
+        ("bit_identical", check_bit_identical),
+        ("asynchrony", lambda: check_asynchrony(cycles_per_ms)),
+        ("bandwidth", check_bandwidth),
+        ("overlap", check_overlap),
+        ("release_fences", lambda: check_release_fences(cycles_per_ms)),
+        ("no_allocations_persistent", lambda: check_no_allocations(args.batches, True)),
+        ("no_allocations_non_persistent", lambda: check_no_allocations(args.batches, False)),
+        ("retention", check_retention),
+        ("second_gpu_only", check_second_gpu_only),
+    ]
+    for name, check in checks:
         try:
             check()
         except Exception as exc:  # noqa: BLE001 - a crashing check is a failing check
-            report(getattr(check, "__name__", "check"), False, f"{type(exc).__name__}: {exc}")
+            report(name, False, f"{type(exc).__name__}: {exc}")
     print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed in {time.perf_counter() - start:.0f} s")
     return 0 if all(RESULTS) else 1
 
