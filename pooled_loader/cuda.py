@@ -319,13 +319,14 @@ class _PinnedPool:
 _PINNED: "weakref.WeakKeyDictionary[SlotPool, _PinnedPool]" = weakref.WeakKeyDictionary()
 
 
-def pin_pool(pool: SlotPool, backend: Any) -> None:
+def pin_pool(pool: SlotPool, device: Any) -> None:
     """Register the pool's arenas, and every later one before its slots are used, as pinned memory
-    under `backend.device` (a `CudaBackend`, see `backend_for`), and fence slot releases on that
-    device's current stream. Does nothing if the pool is already pinned. If a registration fails,
-    the ones made here are undone and the error is raised."""
+    under `device` (a CUDA device, or the `CudaBackend` to go through, see `backend_for`), and
+    fence slot releases on that device's current stream. Does nothing if the pool is already
+    pinned. If a registration fails, the ones made here are undone and the error is raised."""
     if pool in _PINNED:
         return
+    backend = device if hasattr(device, "register") else CudaBackend(device)
     pinned = _PinnedPool(backend, pool.counters)
     undo: list[weakref.finalize] = []
     try:
