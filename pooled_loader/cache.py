@@ -71,6 +71,7 @@ from .cache_format import (
 )
 from ._cli import one_line
 from .errors import SampleError, WorkerError
+from .file_index import FileIndex
 from .loader import PooledLoader
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
@@ -97,9 +98,22 @@ def fingerprint_info(dataset: Any) -> dict:
             "transform": _stable_repr(getattr(dataset, "transform", None)),
             "target_transform": _stable_repr(getattr(dataset, "target_transform", None))}
     h = hashlib.sha256()
+    classes = getattr(dataset, "classes", None)
+    if isinstance(classes, (list, tuple)) and all(isinstance(c, str) for c in classes):
+        info["classes"] = list(classes)  # kept in the header: ImageFolder.check_classes reads it
+    index = getattr(dataset, "file_index", None)
     if hasattr(dataset, "cache_fingerprint"):
         h.update(str(dataset.cache_fingerprint()).encode())
         info["files"] = "cache_fingerprint()"
+    elif isinstance(index, FileIndex):  # list_image_folder's listing, as ImageFolder holds it
+        for i in range(len(index)):
+            try:
+                st = os.stat(index.path(i))
+                h.update(f"{index.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            except OSError:
+                h.update(f"{index.relpath(i)}\0missing\0".encode())
+            h.update(f"{index.labels[i]}\0".encode())
+        info["files"] = f"{len(index)} samples (paths under the root, sizes, mtimes)"
     elif isinstance(getattr(dataset, "samples", None), (list, tuple)):
         paths = [os.fspath(s[0] if isinstance(s, (tuple, list)) else s) for s in dataset.samples
                  if isinstance(s[0] if isinstance(s, (tuple, list)) else s, (str, os.PathLike))]
@@ -192,7 +206,7 @@ def _sample_file(ds: Any, i: int) -> str | None:
 def _source_root(ds: Any) -> str | None:
     """Root that source paths are taken relative to (movable data); None without a file list."""
     samples = getattr(ds, "samples", None)
-    if not isinstance(samples, (list, tuple)) or _sample_file(ds, 0) is None:
+    if not isinstance(samples, Sequence) or _sample_file(ds, 0) is None:  # ImageFolder's is lazy
         return None
     root = getattr(ds, "root", None)
     if isinstance(root, (str, os.PathLike)):

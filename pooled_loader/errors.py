@@ -11,3 +11,8 @@ class SampleError(Exception):
 
 class WorkerError(RuntimeError):
     """A worker process died or stopped answering."""
+
+
+class ClassMismatchError(ValueError):
+    """Two datasets (an ImageFolder and shards or a cache made from a folder) number their
+    classes differently, so the same label would mean different classes."""

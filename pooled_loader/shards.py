@@ -1,44 +1,47 @@
 """Write an ImageFolder (one subfolder of images per class) as WebDataset tar shards.
 
 Each image becomes one sample: ``{key}.jpg`` (the file's bytes as they are; a PNG stays
-``.png``, ...) and ``{key}.cls`` (the class index as decimal text). Classes are numbered in sorted
-folder-name order, as ``torchvision.datasets.ImageFolder`` does. The key is the file's path
-relative to the root without its extension (dots replaced by ``_``, since ``webdataset`` splits
-keys at the first dot). Samples are written in a seeded random order so that a shard mixes
-classes. CLI: ``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``.
+``.png``, ...) and ``{key}.cls`` (the class index as decimal text). Files and classes are listed by
+``pooled_loader.file_index.list_image_folder``, as ``vision.ImageFolder`` lists them, so a folder's
+shards and its ImageFolder agree on every label (torchvision's order: sorted folder names, hidden
+folders such as ``.ipynb_checkpoints`` included unless ``include_hidden=False``). Every shard starts
+with a ``__classes__`` member, the class names as a JSON list (webdataset readers skip ``__*__``
+members as metadata); ``read_shard_classes`` reads it, and ``ImageFolder.check_classes(shards)``
+raises if the labels differ. The key is the file's path relative to the root without its
+extension (dots replaced by ``_``, since ``webdataset`` splits keys at the first dot). Samples are
+written in a seeded random order so that a shard mixes classes; each shard is written to
+``NAME.partial`` and renamed when complete. CLI:
+``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import random
+import sys
+import tarfile
 from typing import Optional, Sequence
 
-__all__ = ["IMAGE_EXTENSIONS", "list_image_folder", "write_shards", "main"]
+from .errors import ClassMismatchError
+from .file_index import list_image_folder
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+__all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
 
-
-def list_image_folder(root: str) -> tuple[list[tuple[str, int]], list[str]]:
-    """``([(path, class_index), ...], class_names)`` of an ImageFolder, in sorted order."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
-        raise ValueError(f"{root}: no class subfolders")
-    items: list[tuple[str, int]] = []
-    for index, name in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name)):
-            dirnames.sort()
-            items.extend((os.path.join(dirpath, f), index) for f in sorted(filenames)
-                         if f.lower().endswith(IMAGE_EXTENSIONS))
-    if not items:
-        raise ValueError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS)})")
-    return items, classes
+CLASSES_MEMBER = "__classes__"  # a __*__ name: webdataset's readers skip it as metadata
 
 
-def _key(root: str, path: str) -> str:
-    rel = os.path.splitext(os.path.relpath(path, root))[0].replace(os.sep, "/")
+def _key(relpath: str) -> str:
+    rel = os.path.splitext(relpath)[0].replace(os.sep, "/")
     return rel.replace(".", "_")
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o444  # mtime 0: reproducible shards
+    tf.addfile(info, io.BytesIO(data))
 
 
 def write_shards(
@@ -47,14 +50,16 @@ def write_shards(
     per_shard: int,
     progress: bool = True,
     seed: Optional[int] = 0,
+    *,
+    include_hidden: Optional[bool] = None,
 ) -> list[str]:
     """Write ``src_imagefolder`` as tar shards named ``out_pattern % shard_index`` (e.g.
     ``out/train-%06d.tar``), ``per_shard`` samples each (the last may hold fewer).
 
-    ``seed`` fixes the sample order (``None``: sorted class/file order). Returns the shard paths.
+    ``seed`` fixes the sample order (``None``: sorted class/file order); ``include_hidden`` is
+    passed to ``list_image_folder`` (as ``ImageFolder`` takes it). Returns the shard paths.
     """
     from tqdm import tqdm
-    from webdataset import ShardWriter
 
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
@@ -63,27 +68,75 @@ def write_shards(
     except TypeError:
         raise ValueError(f"out_pattern needs one %-format for the shard index, e.g. "
                          f"'shards/data-%06d.tar'; got {out_pattern!r}") from None
-    items, _ = list_image_folder(src_imagefolder)
+    index = list_image_folder(src_imagefolder, include_hidden=include_hidden)
+    order = list(range(len(index)))
     if seed is not None:
-        random.Random(seed).shuffle(items)
-    keys = [_key(src_imagefolder, p) for p, _ in items]
+        random.Random(seed).shuffle(order)
+    keys = [_key(index.relpath(i)) for i in order]
     if len(set(keys)) != len(keys):
-        dup = next(k for k in keys if keys.count(k) > 1)
+        seen: set[str] = set()
+        dup = next(k for k in keys if k in seen or seen.add(k))
         raise ValueError(f"{src_imagefolder}: two files map to the sample key {dup!r}")
     out_dir = os.path.dirname(out_pattern % 0)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
+    classes = json.dumps(index.classes).encode()
     written: list[str] = []
-    with ShardWriter(out_pattern, maxcount=per_shard, maxsize=float("inf"), post=written.append,
-                     verbose=0, encoder=False, mtime=0) as sink:
-        for (path, label), key in tqdm(list(zip(items, keys)), disable=not progress,
-                                       unit="img", desc="shards"):
-            ext = os.path.splitext(path)[1][1:].lower()
-            with open(path, "rb") as f:
-                data = f.read()
-            sink.write({"__key__": key, "jpg" if ext == "jpeg" else ext: data,
-                        "cls": str(label).encode()})
+    bar = tqdm(total=len(order), disable=not progress, unit="img", desc="shards")
+    try:
+        for start in range(0, len(order), per_shard):
+            path = out_pattern % len(written)
+            partial = path + ".partial"
+            try:
+                with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tf:
+                    _add(tf, CLASSES_MEMBER, classes)
+                    for i, key in zip(order[start:start + per_shard],
+                                      keys[start:start + per_shard]):
+                        src, label = index[i]
+                        ext = os.path.splitext(src)[1][1:].lower()
+                        with open(src, "rb") as f:
+                            data = f.read()
+                        _add(tf, f"{key}.cls", str(label).encode())
+                        _add(tf, f"{key}.{'jpg' if ext == 'jpeg' else ext}", data)
+                        bar.update(1)
+                os.replace(partial, path)
+            except BaseException:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+                raise
+            written.append(path)
+    finally:
+        bar.close()
     return written
+
+
+def read_shard_classes(urls: Sequence[str]) -> Optional[list[str]]:
+    """Class names recorded in the shards (their ``__classes__`` member), or None when the first
+    shard has none (shards not written by ``write_shards``). Every local shard is checked (one
+    header each); of remote ones, the first. Raises ClassMismatchError if shards disagree."""
+    from webdataset.gopen import gopen
+
+    found: Optional[list[str]] = None
+    for n, url in enumerate(urls):
+        local = "://" not in url and not url.startswith("pipe:")
+        if n and not local:
+            break
+        stream = gopen(url)
+        try:
+            with tarfile.open(fileobj=stream, mode="r|*") as tf:
+                first = tf.next()
+                names = (json.loads(tf.extractfile(first).read())
+                         if first is not None and first.name == CLASSES_MEMBER else None)
+        finally:
+            stream.close()
+        if n == 0:
+            found = names
+            if found is None:
+                return None
+        elif names != found:
+            raise ClassMismatchError(f"shard {url} records the classes {names}, but {urls[0]} "
+                                     f"records {found}: the shards come from different folders")
+    return found
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -98,10 +151,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w.add_argument("out_pattern", help="output name with a %%-format, e.g. out/train-%%06d.tar")
     w.add_argument("--per-shard", type=int, required=True, help="samples per shard")
     w.add_argument("--seed", type=int, default=0, help="sample order seed (default 0)")
+    w.add_argument("--skip-hidden", action="store_true",
+                   help="leave hidden folders and files (.ipynb_checkpoints, ._*) out; as "
+                        "ImageFolder(include_hidden=False). Default: torchvision's listing")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    paths = write_shards(args.src, args.out_pattern, args.per_shard, progress=not args.quiet,
-                         seed=args.seed)
+    try:
+        paths = write_shards(args.src, args.out_pattern, args.per_shard,
+                             progress=not args.quiet, seed=args.seed,
+                             include_hidden=False if args.skip_hidden else None)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {len(paths)} shards: {paths[0]} .. {paths[-1]}")
     return 0
 

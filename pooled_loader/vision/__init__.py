@@ -6,9 +6,9 @@ RandomHorizontalFlip(), ToCHW()]))`` yields ``(uint8 [3, 224, 224], int label)``
 """
 from pooled_loader.vision.compose import Compose
 from pooled_loader.vision.decode import DecodeImage
-from pooled_loader.vision.folder import IMG_EXTENSIONS, ImageFolder
+from pooled_loader.vision.folder import IMG_EXTENSIONS, ImageFolder, list_image_folder
 from pooled_loader.vision.ops import (CenterCrop, Normalize, Op, RandomHorizontalFlip,
                                       RandomResizedCrop, Resize, Spec, ToCHW)
 
-__all__ = ["ImageFolder", "IMG_EXTENSIONS", "Compose", "DecodeImage", "RandomResizedCrop",
+__all__ = ["ImageFolder", "IMG_EXTENSIONS", "list_image_folder", "Compose", "DecodeImage", "RandomResizedCrop",
            "RandomHorizontalFlip", "Resize", "CenterCrop", "Normalize", "ToCHW", "Op", "Spec"]

@@ -7,44 +7,25 @@ from typing import Any, Callable
 import numpy as np
 
 from pooled_loader.errors import SampleError
+from pooled_loader.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
+                                      check_classes, list_image_folder)
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.compose import Compose
 from pooled_loader.vision.ops import Op
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+__all__ = ["ImageFolder", "IMG_EXTENSIONS", "FileIndex", "list_image_folder"]
+
 ON_ERROR = ("raise", "skip")
-
-
-def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
-    """Sorted class folder names under ``root`` and their indices (torchvision's order)."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-    if not classes:
-        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
-    return classes, {c: i for i, c in enumerate(classes)}
-
-
-def make_samples(root: str, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
-    """(path, class index) for every image file, classes in index order, files sorted."""
-    samples = []
-    empty = []
-    for cls in sorted(class_to_idx, key=class_to_idx.__getitem__):
-        n0 = len(samples)
-        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, cls), followlinks=True)):
-            for fname in sorted(fnames):
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    samples.append((os.path.join(dirpath, fname), class_to_idx[cls]))
-        if len(samples) == n0:
-            empty.append(cls)
-    if empty:
-        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. "
-                                f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}")
-    return samples
 
 
 class ImageFolder:
     """``root/<class>/**/<image>`` -> ``(transform(encoded bytes), class index)``.
 
-    Classes, ``class_to_idx`` and ``samples`` follow torchvision's ImageFolder. The item is the
+    Classes, ``class_to_idx``, ``samples``/``imgs`` and ``targets`` follow torchvision's
+    ImageFolder (listing: ``pooled_loader.file_index.list_image_folder``; ``include_hidden`` and
+    ``allow_empty`` are passed to it). The file list is kept in numpy buffers (``file_index``),
+    so forked workers do not copy it; ``samples``/``imgs``/``targets`` are lazy read-only
+    sequences over it, and assigning a list to ``samples`` or ``targets`` replaces it. The item is the
     file's encoded bytes (uint8 array) passed through ``transform``, so decoding happens in the
     pipeline (see :class:`DecodeImage`). A file that cannot be read or decoded raises
     :class:`~pooled_loader.errors.SampleError` naming the file and the reason. ``on_error``
@@ -55,22 +36,53 @@ class ImageFolder:
     write the image straight into the batch slot.
     """
 
-    def __init__(self, root: str, transform: Callable[..., Any] | None = None,
-                 on_error: str = "raise") -> None:
+    def __init__(self, root: str | os.PathLike, transform: Callable[..., Any] | None = None,
+                 on_error: str = "raise", *, include_hidden: bool | None = None,
+                 allow_empty: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root = os.fspath(root)
         self.transform = transform
         self.on_error = on_error
-        self.classes, self.class_to_idx = find_classes(self.root)
-        self.samples = make_samples(self.root, self.class_to_idx)
-        self.targets = [t for _, t in self.samples]
-        self.imgs = self.samples
+        self.file_index = list_image_folder(self.root, include_hidden=include_hidden,
+                                            allow_empty=allow_empty)
+        self.classes = list(self.file_index.classes)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._pid = os.getpid()
         self._scratch = Scratch()
 
+    @property
+    def samples(self) -> SampleList:
+        """``(path, class index)`` per file (a lazy sequence; assign a list to replace it)."""
+        return SampleList(self.file_index)
+
+    @samples.setter
+    def samples(self, samples: Any) -> None:
+        self.file_index = FileIndex.from_samples(self.root, samples, self.classes)
+
+    imgs = samples
+
+    @property
+    def targets(self) -> TargetList:
+        """Class index per file (a lazy sequence; ``np.asarray(ds.targets)`` is one copy)."""
+        return TargetList(self.file_index)
+
+    @targets.setter
+    def targets(self, targets: Any) -> None:
+        labels = np.array([int(t) for t in targets], np.int64)
+        if len(labels) != len(self.file_index):
+            raise ValueError(f"targets needs {len(self.file_index)} labels, got {len(labels)}")
+        ix = self.file_index
+        self.file_index = FileIndex(ix.root, ix.classes, ix.blob, ix.offsets, labels)
+
+    def check_classes(self, other: Any) -> None:
+        """Raise ClassMismatchError unless ``other`` (shards written by ``shards write``, a
+        ``CachedDataset`` or its path, a WebDataset, another ImageFolder or a list of names)
+        numbers the classes as this folder does."""
+        check_classes(self.classes, other, f"ImageFolder({self.root!r})")
+
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.file_index)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -97,7 +109,7 @@ class ImageFolder:
         return buf[:got]
 
     def _load(self, index: int, out: np.ndarray | None) -> tuple[Any, int]:
-        path, label = self.samples[index]
+        path, label = self.file_index[index]
         try:
             if out is None:
                 data = np.fromfile(path, np.uint8)  # a caller may keep it: not a reused buffer

@@ -1,0 +1,303 @@
+"""The file list of an image folder: one listing, kept in a few numpy buffers.
+
+One listing. ``list_image_folder`` is the only place that turns ``root/<class>/**/<image>`` into
+classes and labels; ``vision.ImageFolder``, ``shards write`` and the cache fingerprint all use it,
+so one folder gets the same class indices everywhere. Its order is torchvision's: class folders
+sorted by name (hidden ones included, symlinks followed), files sorted within each walked
+directory, directories in sorted path order. A Jupyter ``.ipynb_checkpoints/`` next to the class
+folders is therefore class 0 and shifts every label, as in torchvision; the listing warns about it
+and ``include_hidden=False`` leaves hidden folders and files out.
+
+No object per file. Forked workers that look samples up in a list of ``(path, label)`` tuples
+touch every tuple's reference count, so each worker ends up with a private copy of the pages
+holding them (copy-on-read, pytorch/pytorch#13246): about 150 bytes per file per worker. Here the
+paths (relative to the root, file-system encoded) are one bytes buffer plus an offsets array and
+the labels one int64 array: a lookup reads the buffers and creates its strings fresh, so the
+pages stay shared. torchvision's ``samples``/``imgs``/``targets`` are lazy sequences over it.
+"""
+from __future__ import annotations
+
+import fnmatch
+import operator
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from .errors import ClassMismatchError
+
+__all__ = ["IMG_EXTENSIONS", "FileIndex", "list_image_folder", "SampleList", "TargetList",
+           "classes_of", "check_classes"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class FileIndex:
+    """``(path, label)`` of every sample, in three arrays; ``classes`` names the labels.
+
+    ``blob[offsets[i]:offsets[i + 1]]`` is sample ``i``'s path relative to ``root`` (an absolute
+    path is stored as it is), ``labels[i]`` its class index.
+    """
+
+    __slots__ = ("root", "classes", "blob", "offsets", "labels")
+
+    def __init__(self, root: str, classes: Sequence[str], blob: np.ndarray, offsets: np.ndarray,
+                 labels: np.ndarray) -> None:
+        if len(offsets) != len(labels) + 1:
+            raise ValueError(f"{len(labels)} labels need {len(labels) + 1} offsets, "
+                             f"got {len(offsets)}")
+        self.root = os.fspath(root)
+        self.classes = list(classes)
+        self.blob, self.offsets, self.labels = blob, offsets, labels
+        for a in (blob, offsets, labels):
+            a.flags.writeable = False
+
+    @classmethod
+    def from_samples(cls, root: str, samples: Iterable[tuple[Any, int]],
+                     classes: Sequence[str]) -> "FileIndex":
+        """Index of ``(path, label)`` pairs; paths under ``root`` are stored relative to it."""
+        root = os.fspath(root)
+        prefix = os.path.join(root, "")
+        rels, labels = [], []
+        for path, label in samples:
+            path = os.fspath(path)
+            rels.append(os.fsencode(path[len(prefix):] if path.startswith(prefix) else path))
+            labels.append(operator.index(label))
+        return cls(root, classes, *_pack(rels), np.array(labels, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _position(self, index: Any) -> int:
+        i = operator.index(index)
+        n = len(self.labels)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {n} samples")
+        return i
+
+    def relpath(self, index: int) -> str:
+        """Sample ``index``'s path relative to the root."""
+        i = self._position(index)
+        return os.fsdecode(self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes())
+
+    def path(self, index: int) -> str:
+        """Sample ``index``'s path (the root joined with the stored one)."""
+        return os.path.join(self.root, self.relpath(index))
+
+    def label(self, index: int) -> int:
+        return int(self.labels[self._position(index)])
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        i = self._position(index)
+        return self.path(i), int(self.labels[i])
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def nbytes(self) -> int:
+        return self.blob.nbytes + self.offsets.nbytes + self.labels.nbytes
+
+    def __repr__(self) -> str:
+        return (f"FileIndex(root={self.root!r}, {len(self)} files, {len(self.classes)} classes, "
+                f"{self.nbytes() / 2**20:.1f} MiB)")
+
+
+def _pack(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(items) + 1, np.int64)
+    np.cumsum([len(b) for b in items], out=offsets[1:])
+    return np.frombuffer(b"".join(items), np.uint8), offsets
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _walk(top: str, include_hidden: bool) -> list[tuple[str, list[str]]]:
+    """``(dirpath, filenames)`` under ``top`` following symlinks (each directory once, so a
+    symlink loop ends), in sorted path order as torchvision's ``sorted(os.walk(...))``."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        if not include_hidden:
+            dirnames[:] = [d for d in dirnames if not _hidden(d)]
+            filenames = [f for f in filenames if not _hidden(f)]
+        out.append((dirpath, filenames))
+    out.sort(key=lambda e: e[0])
+    return out
+
+
+def list_image_folder(root: str | os.PathLike, *, include_hidden: bool | None = None,
+                      exclude: Sequence[str] = (), extensions: Sequence[str] = IMG_EXTENSIONS,
+                      allow_empty: bool = False) -> FileIndex:
+    """Classes and ``(path, label)`` of every image under ``root/<class>/``, torchvision's way.
+
+    Args:
+        include_hidden: ``None`` (default) lists hidden folders and files (names starting with
+            ``.``) as torchvision does, and warns when there are any; ``True`` does the same
+            silently; ``False`` leaves them out (e.g. ``.ipynb_checkpoints/``, macOS ``._*``).
+        exclude: glob patterns of class folder names to leave out (e.g. ``["unused*"]``).
+        extensions: file name endings (compared in lower case) that count as images.
+        allow_empty: accept class folders without images (otherwise FileNotFoundError).
+    """
+    root = os.fspath(root)
+    exts = tuple(e.lower() for e in extensions)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{root}: no such image folder") from None
+    classes = [e.name for e in entries if e.is_dir()
+               and not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
+    if include_hidden is False:
+        classes = [c for c in classes if not _hidden(c)]
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
+    rels: list[bytes] = []
+    labels: list[int] = []
+    empty, hidden_files = [], []
+    prefix = os.path.join(root, "")
+    for label, name in enumerate(classes):
+        n0 = len(rels)
+        for dirpath, filenames in _walk(os.path.join(root, name), include_hidden is not False):
+            rel_dir = os.path.join(dirpath[len(prefix):], "")
+            images = [f for f in sorted(filenames) if f.lower().endswith(exts)]
+            rels.extend(os.fsencode(rel_dir + f) for f in images)
+            if include_hidden is None and not _hidden(name):
+                in_hidden_dir = any(_hidden(part) for part in rel_dir.split(os.sep))
+                hidden_files += [rel_dir + f for f in images if in_hidden_dir or _hidden(f)]
+        labels.extend([label] * (len(rels) - n0))
+        if len(rels) == n0:
+            empty.append(name)
+    if empty and not allow_empty:
+        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)} in "
+                                f"{root}. Supported extensions are: {', '.join(exts)} "
+                                "(allow_empty=True accepts empty classes)")
+    hidden_classes = [c for c in classes if _hidden(c)]
+    if include_hidden is None and (hidden_classes or hidden_files):
+        what = []
+        if hidden_classes:
+            what.append(f"the hidden folder(s) {', '.join(hidden_classes)} are classes "
+                        f"{', '.join(str(classes.index(c)) for c in hidden_classes)}, which "
+                        "shifts the labels of the classes after them")
+        if hidden_files:
+            what.append(f"{len(hidden_files)} hidden image file(s) are samples (first: "
+                        f"{hidden_files[0]})")
+        warnings.warn(f"{root}: {' and '.join(what)}, as in torchvision's ImageFolder; pass "
+                      "include_hidden=False to leave hidden folders and files out, or "
+                      "include_hidden=True to keep them without this warning", UserWarning,
+                      stacklevel=2)
+    return FileIndex(root, classes, *_pack(rels), np.array(labels, np.int64))
+
+
+class _IndexView(Sequence):
+    """A read-only sequence computed from a FileIndex on access (nothing stored per item)."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: FileIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._item(j) for j in range(*i.indices(len(self)))]
+        return self._item(self._index._position(i))
+
+    def _item(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(repr(x) for x in self[:3])
+        return f"{type(self).__name__}([{head}{', ...' if n > 3 else ''}], {n} items)"
+
+
+class SampleList(_IndexView):
+    """torchvision's ``samples``/``imgs``: ``(path, class index)`` per file, made on access."""
+
+    __slots__ = ()
+
+    def _item(self, i: int) -> tuple[str, int]:
+        return self._index[i]
+
+
+class TargetList(_IndexView):
+    """torchvision's ``targets``: the class index (int) per file; ``np.asarray`` is fast."""
+
+    __slots__ = ()
+
+    def _item(self, i: int) -> int:
+        return int(self._index.labels[i])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.array(self._index.labels, dtype=dtype)
+
+
+def classes_of(source: Any) -> tuple[list[str] | None, str]:
+    """``(class names, description)`` recorded by ``source``: a list of names, a dataset with
+    ``classes`` (ImageFolder), a cache (CachedDataset or its path: names from its header), or a
+    shard set (WebDataset, or a URL pattern or directory as ``WebDataset`` takes). Names are None
+    when ``source`` records none."""
+    if isinstance(source, (list, tuple)):
+        return [str(c) for c in source], "the given class list"
+    header = getattr(source, "header", None)
+    if isinstance(header, dict) and "source" in header:
+        return header["source"].get("classes"), f"cache {getattr(source, 'path', '?')}"
+    if getattr(source, "classes", None) is not None:
+        return list(source.classes), repr(source)
+    urls = getattr(source, "urls", source)
+    if isinstance(urls, (str, os.PathLike)) and os.path.isfile(urls) \
+            and not os.fspath(urls).endswith(".tar"):
+        from .cache_format import read_header
+        return read_header(os.fspath(urls))["source"].get("classes"), f"cache {urls}"
+    from .shards import read_shard_classes
+    from .webdataset import expand_shards
+    shards = expand_shards(urls)
+    return read_shard_classes(shards), (f"shard set {shards[0]}" + (
+        f" (+{len(shards) - 1} more)" if len(shards) > 1 else ""))
+
+
+def check_classes(expected: Sequence[str], source: Any, where: str = "this dataset") -> None:
+    """Raise ClassMismatchError unless ``source`` (see ``classes_of``) has the classes
+    ``expected``, in the same order (so the same labels)."""
+    got, what = classes_of(source)
+    if got is None:
+        raise ClassMismatchError(
+            f"{what} records no class names, so its labels cannot be checked against {where}; "
+            "rewrite it with this version of pooled_loader (shards write / build_cache)")
+    if list(got) == list(expected):
+        return
+    diffs = []
+    theirs = {c: i for i, c in enumerate(got)}
+    for i, c in enumerate(expected):
+        if c not in theirs:
+            diffs.append(f"{c!r} missing there")
+        elif theirs[c] != i:
+            diffs.append(f"{c!r} is {theirs[c]} there and {i} here")
+    diffs += [f"{c!r} only there" for c in got if c not in set(expected)]
+    hint = ""
+    if any(_hidden(c) for c in list(got) + list(expected)):
+        hint = ("; a hidden folder such as .ipynb_checkpoints is a class in one of them: list "
+                "both with the same include_hidden")
+    raise ClassMismatchError(
+        f"{what} and {where} label classes differently ({'; '.join(diffs[:5])}"
+        f"{'; ...' if len(diffs) > 5 else ''}): {len(got)} classes there {list(got)[:10]}, "
+        f"{len(expected)} here {list(expected)[:10]}{hint}")
