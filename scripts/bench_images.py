@@ -76,6 +76,17 @@ def run_one(name: str, a) -> dict:
     return rec
 
 
+def _backends(env=None) -> str:
+    """pooled_loader.vision.backend_info() as the loaders' processes see it (their environment)."""
+    code = "from pooled_loader.vision import backend_info; print(backend_info())"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env=env)
+        return p.stdout.strip() or p.stderr.strip().splitlines()[-1]
+    except (subprocess.SubprocessError, IndexError) as e:
+        return f"backends unknown ({e})"
+
+
 def _fmt(x, nd=0):
     return "-" if x is None else f"{x:,.{nd}f}"
 
@@ -104,6 +115,7 @@ def main(argv=None) -> int:
     print(f"# {n_images} images in {a.data}; batch {a.batch}, {a.workers} workers; "
           f"{a.warmup} warm-up + {a.epochs} timed epochs; {a.rounds} round(s); "
           f"{peers.usable_cores()} usable cores; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"# pooled_loader {_backends()}", flush=True)
 
     runs = []
     for r in range(a.rounds):

@@ -208,7 +208,7 @@ def test_planner_buffers_are_per_process_and_not_pickled():
     assert tf.stats()["scratch_bytes"] > 0
     tf2 = pickle.loads(pickle.dumps(tf))
     assert tf2.stats() == {"allocations": 0, "scratch_bytes": 0, "plans_made": 0,
-                           "dct_scaled": 0}
+                           "dct_scaled": 0, "roi_decoded": 0}
     assert tf2(imgutil.jpeg()).shape == (3, 224, 224)
 
 

@@ -5,7 +5,8 @@ At construction the ops are grouped into stages: a resizing op (``RandomResizedC
 becomes one ``crop_resize_flip_chw`` call (one pass, no intermediate image). A leading
 ``DecodeImage`` followed by a resizing op is fused with it: the box is sampled from the JPEG
 header's size, then the JPEG is decoded at the largest DCT scale (1/2, 1/4, 1/8) that keeps the
-box at least as large as the output. Random parameters are drawn in op order, so fusing does not
+box at least as large as the output and, with the compiled "roi" decoder, only the part of the
+image that the resize reads (see vision/decode.py). Random parameters are drawn in op order, so fusing does not
 change which crops and flips a seed gives.
 
 Per process, each stage's output spec is computed once per input spec (a small cache) and its
@@ -24,8 +25,9 @@ import cv2
 import numpy as np
 
 from pooled_loader.vision.buffers import Scratch
-from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_into,
-                                         read_header)
+from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,
+                                         decode_into, read_header)
+from pooled_loader.vision.decode import scale_box  # noqa: F401  (kept importable from here)
 from pooled_loader.vision.ops import (Box, Normalize, Op, RandomHorizontalFlip, Resampler, Spec,
                                       ToCHW, crop_resize_flip_chw, resize_hwc)
 
@@ -86,15 +88,6 @@ def dct_factor(box: Box, out_hw: tuple[int, int]) -> int:
     return 1
 
 
-def scale_box(box: Box, full_hw: tuple[int, int], img_hw: tuple[int, int]) -> Box:
-    """Map a box on the full-size image onto its downscaled decode (nearest pixel edges)."""
-    sy, sx = img_hw[0] / full_hw[0], img_hw[1] / full_hw[1]
-    x0, y0 = min(round(box[0] * sx), img_hw[1] - 1), min(round(box[1] * sy), img_hw[0] - 1)
-    x1 = min(max(round((box[0] + box[2]) * sx), x0 + 1), img_hw[1])
-    y1 = min(max(round((box[1] + box[3]) * sy), y0 + 1), img_hw[0])
-    return x0, y0, x1 - x0, y1 - y0
-
-
 class Compose:
     """Chain ops; ``compose(x, out=None)`` returns the result, written into ``out`` if it fits.
 
@@ -121,6 +114,7 @@ class Compose:
         self._plans: OrderedDict[tuple, Spec] = OrderedDict()
         self.plans_made = 0
         self.dct_scaled = 0  # samples decoded with a DCT downscale (a counter for tests/benches)
+        self.roi_decoded = 0  # samples of which only the crop's region was decoded
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -133,9 +127,11 @@ class Compose:
         self._reset()
 
     def stats(self) -> dict:
-        """Counters: buffer allocations, bytes held, plans computed, DCT-scaled decodes."""
+        """Counters: buffer allocations, bytes held, plans computed, DCT-scaled and region
+        (ROI) decodes."""
         return {"allocations": self.scratch.allocations, "scratch_bytes": self.scratch.nbytes,
-                "plans_made": self.plans_made, "dct_scaled": self.dct_scaled}
+                "plans_made": self.plans_made, "dct_scaled": self.dct_scaled,
+                "roi_decoded": self.roi_decoded}
 
     # -- planning
 
@@ -178,11 +174,11 @@ class Compose:
                 # size the buffer for this image's full decode, so that once every image has
                 # been seen, whichever scale a later crop picks, nothing is allocated again
                 self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
-                img = decode_into(x, hdr, lambda n: self.scratch.flat("decode", n), factor,
-                                  self.ops[0].fast)
-                if img.shape[:2] != full:
-                    self.dct_scaled += 1
-                    box = scale_box(box, full, img.shape[:2])
+                crop = decode_crop_into(x, hdr, lambda n: self.scratch.flat("decode", n),
+                                        factor, box, hw, self.ops[0].fast)
+                img, box = crop.image, crop.box
+                self.dct_scaled += crop.scaled
+                self.roi_decoded += crop.region
                 fused = (box, hw, full)
             else:
                 spec = Spec((*full, 3), np.dtype(np.uint8), "HWC")
