@@ -3,6 +3,7 @@
 
     python scripts/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
+                                   [--baseline OTHER_CHECKOUT]
 
 Every loader (see scripts/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
 ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW
@@ -12,6 +13,9 @@ threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epo
 whole comparison is repeated R times (loaders interleaved, so slow drift in machine load spreads
 over all of them) and the figure is the median over the R per-round medians. A loader whose library
 is missing is listed as unavailable with the reason; the others still run.
+With --baseline DIR, ours and ours_cached also run from that checkout (rows "...@before"), so a
+change is measured against the code before it in the same run.  The backends each checkout uses
+(pooled_loader.vision.backend_info(): ROI decoder or simplejpeg, kernel ISA) are printed first.
 
 The table's "x ours" column is this loader's images/s divided by ours from the same round
 (median over rounds); "ceiling" rows are an upper bound, not a loader.  Load averages before and
@@ -44,8 +48,14 @@ ORDER = ["ours", "ours_cached", "torch_pil", "webdataset", "dali", "dali_fused",
          "ffcv_raw", "ceiling", "ceiling_dct"]
 
 
+BASELINE_SUFFIX = "@before"
+
+
 def run_one(name: str, a) -> dict:
-    cmd = [sys.executable, os.path.join(HERE, "peers.py"), name, "--data", a.data,
+    script, peer = os.path.join(HERE, "peers.py"), name
+    if name.endswith(BASELINE_SUFFIX):  # the same loader from the --baseline checkout
+        script, peer = os.path.join(a.baseline, "scripts", "peers.py"), name[:-len(BASELINE_SUFFIX)]
+    cmd = [sys.executable, script, peer, "--data", a.data,
            "--batch", str(a.batch), "--workers", str(a.workers), "--epochs", str(a.epochs),
            "--warmup", str(a.warmup)]
     rec = {"name": name, "loadavg_before": os.getloadavg(), "started": time.time()}
@@ -76,12 +86,13 @@ def run_one(name: str, a) -> dict:
     return rec
 
 
-def _backends(env=None) -> str:
-    """pooled_loader.vision.backend_info() as the loaders' processes see it (their environment)."""
-    code = "from pooled_loader.vision import backend_info; print(backend_info())"
+def _backends(root: str) -> str:
+    """pooled_loader.vision.backend_info() of the checkout at ``root``, as its loaders see it."""
+    code = ("import pooled_loader.vision as v; "
+            "print(v.backend_info() if hasattr(v, 'backend_info') else 'no backend_info()')")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=60, env=env)
+                           timeout=60, cwd=root)
         return p.stdout.strip() or p.stderr.strip().splitlines()[-1]
     except (subprocess.SubprocessError, IndexError) as e:
         return f"backends unknown ({e})"
@@ -103,6 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per loader run")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--baseline", default=None,
+                    help="another checkout (built), e.g. `git worktree add /tmp/before <commit>`: "
+                         "its ours/ours_cached also run, as ours@before / ours_cached@before, "
+                         "interleaved with ours in every round")
     a = ap.parse_args(argv)
     a.data = os.path.abspath(a.data)
     names = [n.strip() for n in a.only.split(",") if n.strip()] or list(ORDER)
@@ -111,11 +126,19 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown loader(s) {bad}; known: {', '.join(ORDER)}")
     names = [n for n in names if n not in skip]
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
+        for n in ("ours_cached", "ours"):  # each right after its own row
+            if n in names:
+                names.insert(names.index(n) + 1, n + BASELINE_SUFFIX)
     n_images = len(peers.list_images(a.data)[0])
     print(f"# {n_images} images in {a.data}; batch {a.batch}, {a.workers} workers; "
           f"{a.warmup} warm-up + {a.epochs} timed epochs; {a.rounds} round(s); "
           f"{peers.usable_cores()} usable cores; load {os.getloadavg()[0]:.2f}", flush=True)
-    print(f"# pooled_loader {_backends()}", flush=True)
+    print(f"# pooled_loader {_backends(os.path.dirname(HERE))}", flush=True)
+    if a.baseline:
+        print(f"# baseline ({BASELINE_SUFFIX} rows) {a.baseline}: {_backends(a.baseline)}",
+              flush=True)
 
     runs = []
     for r in range(a.rounds):

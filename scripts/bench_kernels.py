@@ -13,11 +13,15 @@ single thread.  The same boxes go through every path:
   fallback   pooled_loader.vision.kernels.crop_resize_flip_chw_opencv (the library's fallback:
              one pass per axis when one shrinks and the other enlarges, cv2.split into the planes)
   pillow     Image.resize(BILINEAR, box=), transpose(FLIP_LEFT_RIGHT), np.asarray, copy to CHW
+  c_before   with --baseline DIR: the compiled _kernels of another built checkout (e.g.
+             `git worktree add /tmp/before <commit>` + build_ext --inplace there), called
+             directly like c_raw: the kernel before a change, in the same run
 
 Rounds interleave the paths (the machine may be shared); ops/s are medians over rounds.
 Quality: mean/max abs difference of each path's uint8 output against Pillow's over the boxes.
 
     python scripts/bench_kernels.py [--rounds 7] [--boxes 200] [--float] [--json out.json]
+                                    [--baseline OTHER_CHECKOUT]
 """
 import os
 
@@ -64,7 +68,24 @@ def rrc_boxes(H, W, n, seed=1, size=224):
     return out
 
 
-def make_paths(src, out_dtype, size):
+def load_baseline_kernels(checkout):
+    """The compiled _kernels module of another (built) checkout, under another module name."""
+    import glob
+    import importlib.machinery
+    import importlib.util
+
+    found = glob.glob(os.path.join(checkout, "pooled_loader", "vision", "_kernels*.so"))
+    if not found:
+        raise SystemExit(f"no built _kernels*.so under {checkout}/pooled_loader/vision "
+                         f"(run python setup.py build_ext --inplace there)")
+    loader = importlib.machinery.ExtensionFileLoader("baseline._kernels", found[0])
+    spec = importlib.util.spec_from_file_location("baseline._kernels", found[0], loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def make_paths(src, out_dtype, size, baseline=None):
     import cv2
     from PIL import Image
 
@@ -89,6 +110,16 @@ def make_paths(src, out_dtype, size):
 
         paths["c"] = c
         paths["c_raw"] = c_raw
+
+    if baseline is not None:
+        before = baseline.crop_resize_flip_chw
+        m3b = tuple(MEAN) if is_float else None
+        s3b = tuple(STD) if is_float else None
+
+        def c_before(box, flip, out):
+            before(src, box[0], box[1], box[2], box[3], out, flip, m3b, s3b)
+
+        paths["c_before"] = c_before
 
     hwc = np.empty((oh, ow, 3), np.uint8)
     hwc2 = np.empty((oh, ow, 3), np.uint8)
@@ -137,9 +168,9 @@ def make_paths(src, out_dtype, size):
     return paths
 
 
-def quality(src, boxes, size):
+def quality(src, boxes, size, baseline=None):
     """Mean/max abs diff of each path's uint8 output vs Pillow's, over the boxes."""
-    paths = make_paths(src, np.uint8, size)
+    paths = make_paths(src, np.uint8, size, baseline)
     ref = np.empty((3, size, size), np.uint8)
     out = np.empty((3, size, size), np.uint8)
     res = {}
@@ -166,13 +197,15 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--float", action="store_true", help="float32 normalized output")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--baseline", help="another built checkout: its kernel runs as c_before")
     args = ap.parse_args(argv)
 
     src = make_src()
     H, W = src.shape[:2]
     boxes = rrc_boxes(H, W, args.boxes, size=args.size)
     dtype = np.float32 if args.float else np.uint8
-    paths = make_paths(src, dtype, args.size)
+    baseline = load_baseline_kernels(args.baseline) if args.baseline else None
+    paths = make_paths(src, dtype, args.size, baseline)
     out = np.empty((3, args.size, args.size), dtype)
     names = list(paths)
     for name in names:  # warm up (scratch, weights, caches)
@@ -194,7 +227,7 @@ def main(argv=None):
 
     med = {n: statistics.median(v) for n, v in rates.items()}
     cmed = {n: statistics.median(v) for n, v in cpu_rates.items()}
-    q = quality(src, boxes, args.size)
+    q = quality(src, boxes, args.size, baseline)
     print(f"src {H}x{W} HWC uint8, out 3x{args.size}x{args.size} {np.dtype(dtype).name}, "
           f"{len(boxes)} RRC boxes (8-100% area), flip p=0.5, 1 thread, {args.rounds} rounds")
     isa = ""
@@ -217,6 +250,9 @@ def main(argv=None):
         for label, m in (("wall", med), ("cpu", cmed)):
             print(f"ratio ({label}) c/opencv = {m['c'] / m['opencv']:.2f}x, c/fallback = "
                   f"{m['c'] / m['fallback']:.2f}x, c/pillow = {m['c'] / m['pillow']:.2f}x")
+            if "c_before" in m:
+                print(f"ratio ({label}) c_raw/c_before = {m['c_raw'] / m['c_before']:.2f}x "
+                      f"(this kernel vs the baseline's, both called directly)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ops_per_s_median": med, "ops_per_s_all": rates,
