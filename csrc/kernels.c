@@ -375,6 +375,21 @@ __attribute__((target("avx2"))) static void hpass_row_avx2(
 /* Two source rows at once (AVX2): row a in the low 128-bit lane, row b in the high one, so one
  * vpshufb/vpmaddwd pair serves both rows, the column's weights are loaded once for both, and
  * the lanes need no horizontal add.  The same int32 sums as hpass_px_avx2, so the same floats. */
+/* 8 int16 weights (one tap pair for 4 channels) in both 128-bit lanes */
+__attribute__((target("avx2"))) static inline __m256i weights2(const int16_t *k) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k));
+}
+
+/* taps t..t+3 of rows a and b (12 bytes each, from a + off and b + off) times their weights */
+__attribute__((target("avx2"))) static inline __m256i group2_avx2(
+    const uint8_t *rowa, const uint8_t *rowb, Py_ssize_t off, const int16_t *k, __m256i m01,
+    __m256i m23) {
+    const __m256i v = _mm256_loadu2_m128i((const __m128i *)(rowb + off),
+                                          (const __m128i *)(rowa + off));
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v, m01), weights2(k)),
+                            _mm256_madd_epi16(_mm256_shuffle_epi8(v, m23), weights2(k + 8)));
+}
+
 __attribute__((target("avx2"))) static inline __m256 hpass_px2_avx2(
     const uint8_t *rowa, const uint8_t *rowb, Py_ssize_t width, const int *xb, const int *xm,
     const int16_t *xw, int wstride, Py_ssize_t j, __m256i m01, __m256i m23) {
@@ -383,23 +398,11 @@ __attribute__((target("avx2"))) static inline __m256 hpass_px2_avx2(
     const int groups = xm[j];
     __m256i acc;
     if (__builtin_expect(groups == 1, 1)) {
-        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(rowb + off),
-                                              (const __m128i *)(rowa + off));
-        acc = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_shuffle_epi8(v, m01),
-                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k))),
-            _mm256_madd_epi16(_mm256_shuffle_epi8(v, m23),
-                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(k + 8)))));
+        acc = group2_avx2(rowa, rowb, off, k, m01, m23);
     } else if (groups > 1) {
-        acc = _mm256_setzero_si256();
-        for (int g = 0; g < groups; g++) {
-            const __m256i v = _mm256_loadu2_m128i((const __m128i *)(rowb + off + 12 * g),
-                                                  (const __m128i *)(rowa + off + 12 * g));
-            const __m256i k01 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(k + 16 * g)));
-            const __m256i k23 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(k + 16 * g + 8)));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v, m01), k01),
-                                                         _mm256_madd_epi16(_mm256_shuffle_epi8(v, m23), k23)));
-        }
+        acc = group2_avx2(rowa, rowb, off, k, m01, m23);
+        for (int g = 1; g < groups; g++)
+            acc = _mm256_add_epi32(acc, group2_avx2(rowa, rowb, off + 12 * g, k + 16 * g, m01, m23));
     } else {
         const int x0 = xb[2 * j], n = xb[2 * j + 1];
         acc = _mm256_set_m128i(hpass_px_sse2(rowb + off, n, x0 + n < width, k),

@@ -467,3 +467,36 @@ def test_isa_variants_identical():
     for isa, outs in results.items():
         for a, b in zip(outs, results["sse2"]):
             np.testing.assert_array_equal(a, b, err_msg=isa)
+
+
+def test_opencv_path_temporaries_live_in_the_threads_scratch_and_stop_growing():
+    """One scratch scheme: the OpenCV path's temporaries are named buffers of the calling
+    thread's Scratch, so once the largest shapes have been seen nothing more is allocated,
+    whatever the mix of boxes and output sizes; another thread has its own."""
+    from pooled_loader.vision.buffers import thread_scratch
+    from pooled_loader.vision.ops import resize_hwc
+
+    jobs = [((10, 20, 300, 250), (224, 224), False), ((5, 7, 50, 40), (160, 96), True),
+            ((0, 0, 500, 375), (64, 48), True), ((123, 45, 67, 300), (100, 200), False),
+            ((3, 4, 180, 180), (100, 100), True)]  # 1.8x: resize_hwc's blur temporary
+    outs = {hw: (np.empty((3, *hw), np.uint8), np.empty((3, *hw), np.float32))
+            for _, hw, _ in jobs}
+
+    def one_pass():
+        for box, hw, flip in jobs:
+            u8, f32 = outs[hw]
+            K.crop_resize_flip_chw_opencv(SRC, box, u8, flip)
+            K.crop_resize_flip_chw_opencv(SRC, box, f32, flip, 0.5, 0.25)
+            resize_hwc(SRC, box, np.empty((*hw, 3), np.uint8))
+
+    one_pass()
+    scratch = thread_scratch()
+    before = scratch.allocations
+    for _ in range(3):
+        one_pass()
+    assert scratch.allocations == before > 0
+    other = []
+    t = threading.Thread(target=lambda: other.append(thread_scratch()))
+    t.start()
+    t.join()
+    assert other[0] is not scratch and other[0].allocations == 0

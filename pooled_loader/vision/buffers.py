@@ -1,7 +1,15 @@
-"""Reusable scratch buffers: grown on demand, never shrunk, counted."""
+"""Reusable scratch buffers: grown on demand, never shrunk, counted.
+
+The one scheme for every temporary of the vision ops: a :class:`Scratch` owned by whoever runs
+the ops one at a time (a ``Compose``, an ``ImageFolder`` in its process), or, for the stateless
+functions (``kernels.crop_resize_flip_chw_opencv``, ``ops.resize_hwc``), the calling thread's
+own one from :func:`thread_scratch`. Buffers are named, so a name's buffer serves every shape
+and grows to the largest seen.
+"""
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -44,3 +52,15 @@ class Scratch:
     def nbytes(self) -> int:
         """Bytes held by all buffers."""
         return sum(b.nbytes for b in self._bufs.values())
+
+
+_local = threading.local()
+
+
+def thread_scratch() -> Scratch:
+    """The calling thread's own :class:`Scratch` (for functions that keep no state of their own;
+    threads never share it, so concurrent calls cannot overwrite each other's temporaries)."""
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None:
+        scratch = _local.scratch = Scratch()
+    return scratch

@@ -6,8 +6,8 @@ becomes one ``crop_resize_flip_chw`` call (one pass, no intermediate image). A l
 ``DecodeImage`` followed by a resizing op is fused with it: the box is sampled from the JPEG
 header's size, then the JPEG is decoded at the largest DCT scale (1/2, 1/4, 1/8) that keeps the
 box at least as large as the output and, with the compiled "roi" decoder, only the part of the
-image that the resize reads (see vision/decode.py). Random parameters are drawn in op order, so fusing does not
-change which crops and flips a seed gives.
+image that the resize reads (see vision/decode.py). Random parameters are drawn in op order, so
+fusing does not change which crops and flips a seed gives.
 
 Per process, each stage's output spec is computed once per input spec (a small cache) and its
 buffer is a grow-only scratch buffer; the decode buffer is sized for the image's full-size decode

@@ -27,17 +27,20 @@ Two implementations:
   boxes (<= 1.5 asserted), more for strong downscales (INTER_AREA's box filter is narrower than
   the triangle: ~2 at 4x, ~3-6 at 20x) and for 1-pixel boxes (see tests/test_kernels.py).
 
-Both allocate nothing per call in steady state (scratch is cached per thread and per shape).
+Both allocate nothing per call in steady state (the OpenCV path's temporaries live in the
+calling thread's ``buffers.thread_scratch()``, grown to the largest shape seen).
 ``BACKEND`` names the one in use; ``crop_resize_flip_chw_c`` / ``crop_resize_flip_chw_opencv``
 call one explicitly (same validation and errors).
 """
 from __future__ import annotations
 
+import functools
 import operator
 import os
-import threading
 
 import numpy as np
+
+from pooled_loader.vision.buffers import thread_scratch
 
 __all__ = ["crop_resize_flip_chw", "crop_resize_flip_chw_c", "crop_resize_flip_chw_opencv",
            "BACKEND", "ext_available"]
@@ -166,8 +169,6 @@ def crop_resize_flip_chw_c(src, box, out, flip=False, mean=None, std=None):
 # OpenCV path
 
 _cv2 = None
-_tls = threading.local()
-_MAX_SCRATCH = 8  # distinct output shapes kept per thread
 
 
 def _get_cv2():
@@ -183,43 +184,15 @@ def _get_cv2():
     return _cv2
 
 
-def _scratch(key, shape, dtype):
-    cache = getattr(_tls, "cache", None)
-    if cache is None:
-        cache = _tls.cache = {}
-    buf = cache.get(key)
-    if buf is None:
-        if len(cache) >= _MAX_SCRATCH:
-            cache.pop(next(iter(cache)))  # oldest shape goes
-        buf = cache[key] = np.empty(shape, dtype)
-    return buf
-
-
-def _grow_scratch(key, n):
-    """A flat uint8 buffer of at least n bytes that only ever grows (for sizes that vary per call,
-    e.g. with the box), so the steady state allocates nothing."""
-    cache = getattr(_tls, "cache", None)
-    if cache is None:
-        cache = _tls.cache = {}
-    buf = cache.get(key)
-    if buf is None or buf.size < n:
-        buf = cache[key] = np.empty(max(n, 2 * (0 if buf is None else buf.size)), np.uint8)
-    return buf
-
-
+@functools.lru_cache(maxsize=16)
 def _norm_consts(m3, s3):
-    key = ("norm", m3, s3)
-    cache = getattr(_tls, "cache", None)
-    c = cache.get(key) if cache is not None else None
-    if c is None:
-        std = np.array(s3, np.float64)
-        scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(3, 1, 1)
-        bias = (-np.array(m3, np.float64) / std).astype(np.float32).reshape(3, 1, 1)
-        c = (scale, bias)
-        if cache is None:
-            cache = _tls.cache = {}
-        cache[key] = c
-    return c
+    """float32 (scale, bias), shape (3, 1, 1), with v * scale + bias == (v/255 - mean)/std."""
+    std = np.array(s3, np.float64)
+    scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(3, 1, 1)
+    bias = (-np.array(m3, np.float64) / std).astype(np.float32).reshape(3, 1, 1)
+    scale.setflags(write=False)
+    bias.setflags(write=False)
+    return scale, bias
 
 
 def crop_resize_flip_chw_opencv(src, box, out, flip=False, mean=None, std=None):
@@ -228,7 +201,8 @@ def crop_resize_flip_chw_opencv(src, box, out, flip=False, mean=None, std=None):
     s, o, (x0, y0, w, h), m3, s3 = _check(src, box, out, mean, std)
     oh, ow = o.shape[1], o.shape[2]
     crop = s[y0:y0 + h, x0:x0 + w]
-    hwc = _scratch(("hwc", oh, ow), (oh, ow, 3), np.uint8)
+    scratch = thread_scratch()
+    hwc = scratch.array("kernels.hwc", (oh, ow, 3), np.uint8)
     shrink_x, shrink_y = w >= ow, h >= oh
     if shrink_x and shrink_y:
         # INTER_AREA averages: the closest OpenCV has to Pillow's antialiased triangle filter
@@ -238,19 +212,19 @@ def crop_resize_flip_chw_opencv(src, box, out, flip=False, mean=None, std=None):
     else:
         # shrinks along one axis, enlarges along the other: one pass per axis, each with its own
         # interpolation (a single INTER_LINEAR would alias along the shrinking axis)
-        mid = _grow_scratch("mid", h * ow * 3)[:h * ow * 3].reshape(h, ow, 3)
+        mid = scratch.array("kernels.mid", (h, ow, 3), np.uint8)
         cv2.resize(crop, (ow, h), dst=mid,
                    interpolation=cv2.INTER_AREA if shrink_x else cv2.INTER_LINEAR)
         cv2.resize(mid, (ow, oh), dst=hwc,
                    interpolation=cv2.INTER_AREA if shrink_y else cv2.INTER_LINEAR)
     if flip:
-        hwc2 = _scratch(("hwc_flip", oh, ow), (oh, ow, 3), np.uint8)
+        hwc2 = scratch.array("kernels.hwc_flip", (oh, ow, 3), np.uint8)
         cv2.flip(hwc, 1, dst=hwc2)
         hwc = hwc2
     if o.dtype == np.uint8:
         planes = o
     else:
-        planes = _scratch(("chw", oh, ow), (3, oh, ow), np.uint8)
+        planes = scratch.array("kernels.chw", (3, oh, ow), np.uint8)
     cv2.split(hwc, [planes[0], planes[1], planes[2]])
     if o.dtype == np.float32:
         scale, bias = _norm_consts(m3, s3)

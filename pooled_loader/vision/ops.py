@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence, Union
 import cv2
 import numpy as np
 
-from pooled_loader.vision.buffers import Scratch
+from pooled_loader.vision.buffers import thread_scratch
 from pooled_loader.vision.kernels import crop_resize_flip_chw  # noqa: F401  (used by Compose)
 
 Size = Union[int, Sequence[int]]
@@ -274,9 +274,6 @@ class Normalize(Op):
 
 # ---------------------------------------------------------------- resampling
 
-_scratch = Scratch()  # resize_hwc's blur temporary (module state: one per process)
-
-
 def resize_hwc(src: np.ndarray, box: Box, out: np.ndarray) -> np.ndarray:
     """Resize ``src[box]`` into ``out`` (HWC), bilinear with antialiasing when shrinking.
 
@@ -290,7 +287,7 @@ def resize_hwc(src: np.ndarray, box: Box, out: np.ndarray) -> np.ndarray:
     if max(rx, ry) >= 2.0:
         cv2.resize(roi, (ow, oh), dst=out, interpolation=cv2.INTER_AREA)
     elif max(rx, ry) >= 1.6:
-        tmp = _scratch.array("blur", roi.shape, roi.dtype)
+        tmp = thread_scratch().array("resize_hwc.blur", roi.shape, roi.dtype)
         cv2.GaussianBlur(roi, (3 if rx >= 1.6 else 1, 3 if ry >= 1.6 else 1), 0, dst=tmp)
         cv2.resize(tmp, (ow, oh), dst=out, interpolation=cv2.INTER_LINEAR)
     else:
