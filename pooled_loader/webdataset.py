@@ -43,6 +43,28 @@ Shuffling: with ``shuffle_buffer > 0`` a worker shuffles its own samples through
 size, seeded from ``(seed, epoch, rank, worker)``. ``set_epoch(e)`` must be called before each
 epoch (``PooledLoader.set_epoch`` forwards it), as with ``DistributedSampler``.
 
+Reading: shards are read as a stream by ``pooled_loader.remote.open_shard`` (local paths,
+``http(s)://``, ``pipe:`` and, with fsspec installed, ``s3://``, ``gs://``, ...). A dropped
+connection or short read in mid-shard is retried with backoff (``retries``, ``retry_backoff_s``)
+and resumes at the byte where it stopped (HTTP Range; a server without Range support is read
+again and the bytes already delivered are discarded), so every sample arrives exactly once.
+Tar members are grouped into samples as ``webdataset.tariterators.group_by_keys`` does.
+
+Checkpoint and resume: ``state_dict()`` gives this process's position after the last sample its
+iterator yielded, and ``load_state_dict(state)`` before ``iter()`` continues from it. A loader
+calls them inside each worker (every (rank, worker) reads its own piece and keeps its own state).
+The state (plain JSON data) records the epoch, the shard in this worker's cycle, the byte offset
+of its next sample (local files seek to it; remote ones ask for it with a Range request), the
+round and counters above, and the shuffle RNG. The **shuffle buffer is stored**, as the
+positions ``(shard, byte offset, index)`` of the samples it holds (not their bytes): a resume
+reads those samples again (one seek or Range request each) and continues with the same RNG
+state, so the resumed order is exactly the uninterrupted one. Consumed shards are never read
+again. Compressed shards (``.tar.gz``) have no usable byte offsets: they resume by reading the
+current shard from its start and passing over the samples already read. A state taken in another
+epoch than the dataset's at ``iter()`` (``set_epoch`` after ``load_state_dict``) is ignored: the
+epoch starts afresh (with a warning if the state was mid-epoch). A state from another rank,
+worker, worker count, seed or shard list raises ``ValueError`` saying what differs.
+
 Errors: a missing or truncated shard, or a sample the transform fails on (e.g. a missing
 extension), raises ``pooled_loader.errors.SampleError`` naming the shard and key. With
 ``on_error="skip"`` it is skipped instead, counted in ``dataset.skipped`` (per process: each worker
@@ -57,15 +79,16 @@ import random
 import re
 import tarfile
 import warnings
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
-from webdataset.gopen import gopen
-from webdataset.tariterators import base_plus_ext, group_by_keys, tar_file_expander
+from webdataset.tariterators import base_plus_ext
 
+from . import remote
 from .distributed import rank_and_world
 from .errors import SampleError
 
@@ -108,11 +131,43 @@ def _is_local_tar(url: str) -> bool:
     return "://" not in url and not url.startswith("pipe:") and url.endswith(".tar")
 
 
-def _wds_samples(url: str) -> Iterator[Sample]:
-    """The samples of one shard, read and grouped by ``webdataset`` (errors propagate)."""
-    stream = gopen(url)
+def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
+                   backoff_s: float = remote.BACKOFF_S) -> Iterator[tuple[Sample, Any, Any]]:
+    """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
+    a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
+
+    ``start``/``next`` are the byte offsets where this sample and the next one begin, or ``None``
+    for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
+    and skipping whole samples). Errors propagate."""
+    base = offset or 0
+    stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s)
     try:
-        yield from group_by_keys(tar_file_expander([{"url": url, "stream": stream}]))
+        if base and not stream.peek(1):
+            return  # resumed at the very end
+        tf = tarfile.open(fileobj=stream, mode="r|*")
+        plain = getattr(tf.fileobj, "comptype", "tar") == "tar"
+        sample: Optional[Sample] = None
+        start: Optional[int] = None
+        for info in tf:
+            name = info.name
+            if not info.isreg() or ("/" not in name and name.startswith("__")
+                                    and name.endswith("__")) or _SKIP_META.match(name):
+                continue
+            prefix, suffix = base_plus_ext(name)
+            if prefix is None:
+                continue
+            here = base + info.offset if plain else None
+            if sample is None or prefix != sample["__key__"]:
+                if sample is not None:
+                    yield sample, start, here
+                sample, start = {"__key__": prefix, "__url__": url}, here
+            suffix = suffix.lower()
+            if suffix in sample:
+                raise ValueError(f"{name}: duplicate file name in tar file")
+            sample[suffix] = tf.extractfile(info).read()
+            tf.members = []  # stream mode keeps every TarInfo otherwise
+        if sample is not None:
+            yield sample, start, (base + tf.offset if plain else None)
     finally:
         stream.close()
 
@@ -151,7 +206,7 @@ def count_samples(url: str) -> int:
     return count
 
 
-def _count(url: str) -> tuple[int, Optional[str]]:
+def _count(url: str, **stream_opts: Any) -> tuple[int, Optional[str]]:
     if _is_local_tar(url):
         try:
             st = os.stat(url)
@@ -167,7 +222,7 @@ def _count(url: str) -> tuple[int, Optional[str]]:
     else:
         count, error = 0, None
         try:
-            for _ in _wds_samples(url):
+            for _ in _shard_samples(url, **stream_opts):
                 count += 1
         except Exception as exc:  # noqa: BLE001 - reported with the shard name
             error = _reason(exc)
@@ -176,21 +231,34 @@ def _count(url: str) -> tuple[int, Optional[str]]:
     return count, error
 
 
-def _shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
-    """Shuffle through a buffer of ``size`` samples (``size <= 1``: unchanged)."""
-    if size <= 1:
-        yield from samples
-        return
-    buf: list[Sample] = []
-    for sample in samples:
-        if len(buf) < size:
-            buf.append(sample)
-            continue
-        i = rng.randrange(size)
-        buf[i], sample = sample, buf[i]
-        yield sample
-    rng.shuffle(buf)
-    yield from buf
+STATE_VERSION = 1
+
+
+@dataclass
+class _Position:
+    """Where one worker's raw stream stands: the next sample to read is in ``shards[shard]`` at
+    byte ``offset`` (``None``: unknown, compressed shard) after ``index`` samples of it."""
+    shard: int
+    offset: Optional[int] = 0
+    index: int = 0
+    visits: int = 0  # shard visits finished
+    got: bool = False  # this visit yielded a sample
+    idle: int = 0  # consecutive visits that yielded nothing
+
+
+@dataclass
+class _Progress:
+    """Everything ``state_dict()`` needs, as it stood at the last sample this worker yielded."""
+    quota: int
+    pos: _Position
+    rng: random.Random
+    done: int = 0  # samples yielded this epoch
+    round_left: int = 0  # raw samples still to read in this round (see __iter__)
+    rounds: int = 0
+    before: int = 0  # `done` when the round started
+    mark: int = 0  # `pos.visits` when a round last yielded something
+    draining: bool = False
+    buffer: list = field(default_factory=list)  # [(sample, (shard, offset, index)), ...]
 
 
 class WebDataset(IterableDataset):
@@ -208,6 +276,9 @@ class WebDataset(IterableDataset):
             (see the module docstring for the coverage this gives).
         on_error: ``"raise"`` a ``SampleError`` naming shard and key, or ``"skip"`` and count
             the sample in ``self.skipped``.
+        retries: consecutive failed attempts to read a shard (connection reset, short read, HTTP
+            5xx) before giving up on it; see ``pooled_loader.remote``.
+        retry_backoff_s: wait before the first retry; it doubles after each failure.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: no DistributedSampler needed
@@ -221,6 +292,8 @@ class WebDataset(IterableDataset):
         seed: int = 0,
         samples_per_epoch: Optional[int] = None,
         on_error: str = "raise",
+        retries: int = remote.RETRIES,
+        retry_backoff_s: float = remote.BACKOFF_S,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -232,7 +305,13 @@ class WebDataset(IterableDataset):
         self.shuffle_buffer = int(shuffle_buffer)
         self.seed = int(seed)
         self.on_error = on_error
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.retries = int(retries)
+        self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
+        self._progress: Optional[_Progress] = None  # the running iteration, for state_dict()
+        self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
         self.skipped = 0
         self._skip_log: list[tuple[str, str]] = []
         self._warned: set[str] = set()
@@ -284,7 +363,7 @@ class WebDataset(IterableDataset):
         return log
 
     def _count_shard(self, url: str) -> int:
-        count, error = _count(url)
+        count, error = _count(url, retries=self.retries, backoff_s=self.retry_backoff_s)
         if error:
             self._fail(url, error)
         return count
@@ -319,32 +398,44 @@ class WebDataset(IterableDataset):
             first += 1
         return quota, [self.urls[i] for i in order], first, start
 
-    def _raw(self, shards: list[str], first: int, skip: int, visits: list[int]) -> Iterator[Sample]:
-        """Samples of ``shards`` from ``shards[first]`` (passing over ``skip`` samples in it),
-        wrapping round forever; counts finished shard visits in ``visits[0]``; raises once a
-        whole pass over the shards read nothing."""
-        i, idle = first, 0
+    def _read_shard(self, url: str, offset: Optional[int], index: int
+                    ) -> Iterator[tuple[Sample, Any, Any]]:
+        """``_shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
+        the start and pass over ``index`` samples."""
+        opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s}
+        if offset is not None:
+            yield from _shard_samples(url, offset, **opts)
+            return
+        yield from islice(_shard_samples(url, 0, **opts), index, None)
+
+    def _raw(self, shards: list[str], pos: _Position, skip: int
+             ) -> Iterator[tuple[Sample, tuple]]:
+        """``(sample, (shard, offset, index))`` from ``pos`` on (passing over ``skip`` samples in
+        the first shard), wrapping round forever; ``pos`` always points after the last sample
+        yielded. Raises once a whole pass over the shards read nothing."""
         while True:
-            url = shards[i]
-            got, key, passing = False, None, skip > 0
+            url = shards[pos.shard]
+            key, passing = None, skip > 0
             try:
-                for sample in _wds_samples(url):
+                for sample, start, after in self._read_shard(url, pos.offset, pos.index):
                     key = sample["__key__"]
+                    here = (pos.shard, start, pos.index)
+                    pos.offset, pos.index = after, pos.index + 1
                     if skip:
                         skip -= 1
                         continue
-                    got = True
-                    yield sample
+                    pos.got = True
+                    yield sample, here
             except Exception as exc:  # noqa: BLE001 - reported with shard and key
                 where = f"after key {key!r}" if key is not None else "at the start"
                 self._fail(url, f"{_reason(exc)} ({where})", exc)
             skip = 0
-            visits[0] += 1
-            idle = 0 if got else idle + (not passing)
-            if idle >= len(shards):
+            pos.visits += 1
+            pos.idle = 0 if pos.got else pos.idle + (not passing)
+            if pos.idle >= len(shards):
                 raise SampleError(f"no readable sample in a whole pass over {len(shards)} "
                                   f"shards (first: {shards[0]})")
-            i = (i + 1) % len(shards)
+            pos.shard, pos.offset, pos.index, pos.got = (pos.shard + 1) % len(shards), 0, 0, False
 
     def _apply(self, sample: Sample) -> tuple[bool, Any]:
         if self.transform is None:
@@ -362,23 +453,140 @@ class WebDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         quota, shards, first, skip = self._plan()
-        if quota == 0:
-            return
+        resume, self._resume = self._resume, None
         rank, _ = self._current_rank_world()
         info = get_worker_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
-        visits = [0]
-        raw = self._raw(shards, first, skip, visits)
-        done, mark = 0, 0
-        while done < quota:  # first round: this worker's piece; later rounds replace skips
-            before = done
-            for sample in _shuffled(islice(raw, quota - done), self.shuffle_buffer, rng):
-                ok, out = self._apply(sample)
-                if ok:
-                    done += 1
-                    yield out
-            if done > before:
-                mark = visits[0]
-            elif visits[0] - mark > len(shards):
-                raise SampleError(f"no usable sample in a whole pass over {len(shards)} shards "
-                                  f"(first: {shards[0]}); {self.skipped} skipped")
+        prog = _Progress(quota, _Position(first), rng)
+        if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
+            self._check_fits(resume, quota, len(shards))
+            skip = 0
+            prog = self._restore(resume, quota, shards, rng)
+        elif resume is not None and resume["epoch"] != self.epoch and resume["position"] and \
+                resume["done"] < resume["quota"]:
+            warnings.warn(f"WebDataset: the loaded state is from epoch {resume['epoch']} but the "
+                          f"dataset is at epoch {self.epoch} (set_epoch after load_state_dict?): "
+                          "starting this epoch from its beginning", RuntimeWarning, stacklevel=2)
+        self._progress = prog
+        if quota == 0:
+            return
+        raw = self._raw(shards, prog.pos, skip)
+        size = self.shuffle_buffer
+        buf = prog.buffer
+        # Rounds: the first reads this worker's piece (`quota` samples); a later one reads on to
+        # replace samples the transform skipped. A buffer is drained at the end of each round.
+        while prog.done < quota:
+            if prog.round_left == 0 and not buf:
+                if prog.rounds:
+                    if prog.done > prog.before:
+                        prog.mark = prog.pos.visits
+                    elif prog.pos.visits - prog.mark > len(shards):
+                        raise SampleError(f"no usable sample in a whole pass over {len(shards)} "
+                                          f"shards (first: {shards[0]}); {self.skipped} skipped")
+                prog.rounds += 1
+                prog.round_left, prog.before, prog.draining = quota - prog.done, prog.done, False
+            if prog.round_left:
+                item = next(raw)
+                prog.round_left -= 1
+                if size > 1:
+                    if len(buf) < size:
+                        buf.append(item)
+                        continue
+                    i = rng.randrange(size)
+                    buf[i], item = item, buf[i]
+            else:
+                if not prog.draining:
+                    rng.shuffle(buf)
+                    prog.draining = True
+                item = buf.pop(0)
+            ok, out = self._apply(item[0])
+            if ok:
+                prog.done += 1
+                yield out
+
+    # -- checkpoint and resume -----------------------------------------------------------------
+    def _config(self) -> dict:
+        rank, world = self._current_rank_world()
+        info = get_worker_info()
+        return {"rank": rank, "world_size": world, "worker": info.id if info else 0,
+                "num_workers": info.num_workers if info else 1, "seed": self.seed,
+                "shards": len(self.urls), "samples_per_epoch": self.samples_per_epoch,
+                "shuffle_shards": self.shuffle_shards, "shuffle_buffer": self.shuffle_buffer}
+
+    def state_dict(self) -> dict:
+        """This process's position: after the last sample its iterator yielded (plain JSON data).
+
+        Called by the loader inside each worker (each worker reads its own piece). Records the
+        shard, the byte offset of its next sample, the shuffle buffer's samples as positions and
+        the shuffle RNG; see "Checkpoint and resume" in the module docstring."""
+        state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
+                 **self._config(), "quota": 0, "done": 0, "position": None}
+        prog = self._progress
+        if prog is None:
+            return state
+        pos = prog.pos
+        version, internal, gauss = prog.rng.getstate()
+        state.update(
+            quota=prog.quota, done=prog.done,
+            position={"shard": pos.shard, "offset": pos.offset, "index": pos.index,
+                      "visits": pos.visits, "got": pos.got, "idle": pos.idle},
+            round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
+                   "mark": prog.mark, "draining": prog.draining},
+            buffer=[list(here) for _, here in prog.buffer],
+            rng=[version, list(internal), gauss])
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` continue from ``state`` (from ``state_dict()`` of the same
+        rank and worker). Sets the epoch to the state's. Raises ``ValueError`` saying what
+        differs when the state does not fit this dataset, or what is missing when it is corrupt."""
+        if not isinstance(state, dict):
+            raise ValueError(f"WebDataset state must be a dict, got {type(state).__name__}")
+        required = ("version", "epoch", "quota", "done", "position")
+        missing = [k for k in required if k not in state]
+        if missing:
+            raise ValueError(f"WebDataset state is incomplete: missing {missing}")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"WebDataset state version {state['version']!r} is not "
+                             f"{STATE_VERSION}: written by another version of pooled_loader")
+        if state["position"] is not None:
+            missing = [k for k in ("round", "buffer", "rng") if k not in state]
+            missing += [f"position.{k}" for k in ("shard", "offset", "index", "visits", "got",
+                                                  "idle") if k not in state["position"]]
+            if missing:
+                raise ValueError(f"WebDataset state is incomplete: missing {missing}")
+        self.epoch = int(state["epoch"])
+        self.skipped = int(state.get("skipped", self.skipped))
+        self._resume = state
+
+    def _check_fits(self, state: dict, quota: int, nshards: int) -> None:
+        mine = self._config()
+        differ = [f"{k}: state {state[k]!r}, dataset {v!r}" for k, v in mine.items()
+                  if k in state and state[k] != v]
+        if state["quota"] != quota:
+            differ.append(f"samples for this worker: state {state['quota']}, dataset {quota}")
+        pos = state["position"]
+        if not 0 <= pos["shard"] < max(nshards, 1):
+            differ.append(f"shard index {pos['shard']} out of range (worker reads {nshards})")
+        if differ:
+            raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
+
+    def _restore(self, state: dict, quota: int, shards: list[str], rng: random.Random
+                 ) -> _Progress:
+        p, r = state["position"], state["round"]
+        version, internal, gauss = state["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        prog = _Progress(quota, _Position(p["shard"], p["offset"], p["index"], p["visits"],
+                                          bool(p["got"]), p["idle"]), rng,
+                         done=state["done"], round_left=r["left"], rounds=r["count"],
+                         before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
+        # The shuffle buffer is stored as positions: read those samples again (one seek each).
+        for shard, offset, index in state["buffer"]:
+            url = shards[shard]
+            try:
+                sample = next(iter(self._read_shard(url, offset, index)))[0]
+            except Exception as exc:  # noqa: BLE001 - reported with the shard
+                raise SampleError(f"shard {url}: cannot re-read the shuffle buffer's sample at "
+                                  f"byte {offset} on resume: {_reason(exc)}") from exc
+            prog.buffer.append((sample, (shard, offset, index)))
+        return prog

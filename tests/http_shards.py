@@ -1,0 +1,118 @@
+"""A local HTTP file server for tests (127.0.0.1 only) that can cut its responses short, reset
+connections and ignore Range requests, and logs what it sent."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        srv = self.server.shards
+        name = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
+        path = os.path.join(srv.root, name)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        size = os.path.getsize(path)
+        start = 0
+        asked = self.headers.get("Range")
+        if asked and srv.ranges:
+            start = int(re.fullmatch(r"bytes=(\d+)-", asked).group(1))
+            if start >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(size - start))
+        self.send_header("Accept-Ranges", "bytes" if srv.ranges else "none")
+        self.end_headers()
+        with srv.lock:
+            srv.requests[name] += 1
+            cut = srv.cut_after if srv.cuts is None or srv.requests[name] <= srv.cuts else None
+        limit = size - start if cut is None else min(size - start, cut)
+        with open(path, "rb") as f:
+            f.seek(start)
+            sent = 0
+            while sent < limit:
+                chunk = f.read(min(1 << 16, limit - sent))
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        with srv.lock:
+            srv.log.append((name, asked, start, sent))
+        if sent < size - start:
+            self.wfile.flush()
+            if srv.reset:  # RST instead of FIN: the client sees ECONNRESET
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                           struct.pack("ii", 1, 0))
+                self.connection.close()
+            else:
+                self.connection.shutdown(socket.SHUT_WR)
+            self.close_connection = True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    shards: "ShardServer"
+
+
+class ShardServer:
+    """Serves ``root`` on 127.0.0.1. The first ``cuts`` responses to each file (``None``: all)
+    stop after ``cut_after`` bytes (``reset``: with a connection reset). ``ranges=False``
+    ignores Range headers (answers 200 with the whole file). ``log``: (file, Range header,
+    start, bytes sent) per response."""
+
+    def __init__(self, root: str, *, ranges: bool = True, cut_after: Optional[int] = None,
+                 cuts: Optional[int] = None, reset: bool = False) -> None:
+        self.root, self.ranges, self.cut_after, self.cuts, self.reset = (
+            root, ranges, cut_after, cuts, reset)
+        self.lock = threading.Lock()
+        self.requests: collections.Counter = collections.Counter()
+        self.log: list[tuple] = []
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.shards = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def sent(self, name: str) -> int:
+        """Bytes sent of ``name``, once every response to it is logged."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the last response is logged after its last byte
+            with self.lock:
+                if sum(1 for f, *_ in self.log if f == name) == self.requests[name]:
+                    break
+            time.sleep(0.01)
+        return sum(n for f, _, _, n in self.log if f == name)
+
+    def __enter__(self) -> "ShardServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
