@@ -211,6 +211,8 @@ class PooledLoader(DataLoader):
         self._pool: SlotPool | None = None
         self._stats = LoaderStats()
         self._epoch: int | None = None
+        from .integrations import maybe_patch_accelerate
+        maybe_patch_accelerate()  # so that accelerator.prepare(self) keeps a PooledLoader
 
     # -- public extras --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

@@ -98,14 +98,25 @@ class ShardServer:
     def url(self, name: str) -> str:
         return f"{self.base}/{name}"
 
-    def sent(self, name: str) -> int:
-        """Bytes sent of ``name``, once every response to it is logged."""
+    def settle(self) -> None:
+        """Wait until every response served is logged (a response is logged after its last
+        byte, so possibly after the client has read it)."""
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the last response is logged after its last byte
+        while time.monotonic() < deadline:
             with self.lock:
-                if sum(1 for f, *_ in self.log if f == name) == self.requests[name]:
-                    break
+                if len(self.log) == sum(self.requests.values()):
+                    return
             time.sleep(0.01)
+
+    def clear(self) -> None:
+        self.settle()
+        with self.lock:
+            self.log.clear()
+            self.requests.clear()
+
+    def sent(self, name: str) -> int:
+        """Bytes sent of ``name``, once every response is logged."""
+        self.settle()
         return sum(n for f, _, _, n in self.log if f == name)
 
     def __enter__(self) -> "ShardServer":

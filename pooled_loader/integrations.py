@@ -1,0 +1,140 @@
+"""PooledLoader inside training stacks: HF accelerate (Lightning and HF datasets need nothing).
+
+accelerate
+----------
+``Accelerator.prepare(loader)`` rebuilds every ``DataLoader`` it is given: it reads the
+constructor arguments back, wraps the batch sampler in its ``BatchSamplerShard`` (or an iterable
+dataset in ``IterableDatasetShard``) and builds a plain ``torch.utils.data.DataLoader`` inside its
+``DataLoaderShard``. Left alone, that silently drops the pool, the zero-copy batches and the
+statistics. :func:`patch_accelerate` wraps accelerate's ``prepare_data_loader`` and
+``skip_first_batches`` so that, for a ``PooledLoader``, the loader inside accelerate's wrapper is
+a ``PooledLoader`` built from exactly the arguments accelerate chose (so the batches, their
+sharding per process and their order are the ones accelerate gives for an equivalent
+``DataLoader``), plus the original's ``pool_slots``, ``on_error``, ``device_transform`` and
+``device`` (accelerate's device when the original has none and it is a CUDA device, so the
+pinned pool's asynchronous copy does the transfer). Everything accelerate's wrapper does stays:
+device placement, RNG synchronisation, ``end_of_dataloader`` for gradient accumulation,
+``skip_first_batches``. ``isinstance(prepared, PooledLoader)`` holds and ``prepared.stats()``
+works.
+
+It is applied automatically when a ``PooledLoader`` is constructed after ``accelerate`` was
+imported (the usual order: ``Accelerator()`` first). Otherwise call it once, before ``prepare``::
+
+    pooled_loader.integrations.patch_accelerate()
+
+An iterable dataset that splits itself by rank (``splits_by_rank = True``, e.g.
+``pooled_loader.webdataset.WebDataset``) keeps its own split instead of accelerate's
+``IterableDatasetShard``, which would make every process read every sample and split them a
+second time. What cannot be kept (TPU/XLA's ``MpDeviceLoaderWrapper``; torchdata's
+``StatefulDataLoader`` while ``PooledLoader`` has no ``state_dict``) warns, naming what was kept
+instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import IterableDataset
+
+__all__ = ["patch_accelerate", "maybe_patch_accelerate"]
+
+# DataLoader's constructor arguments that accelerate passes through unchanged.
+_PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                   "multiprocessing_context", "generator", "prefetch_factor",
+                   "persistent_workers", "pin_memory_device", "in_order")
+_PATCHED = "_pooled_loader_patched"
+
+
+def maybe_patch_accelerate() -> None:
+    """:func:`patch_accelerate` if accelerate is imported already (cheap otherwise)."""
+    if "accelerate" in sys.modules:
+        patch_accelerate()
+
+
+def patch_accelerate() -> None:
+    """Make ``Accelerator.prepare`` (and ``skip_first_batches``) keep ``PooledLoader``s
+    (idempotent; see the module docstring)."""
+    import accelerate.accelerator as acc
+    import accelerate.data_loader as adl
+
+    for name in ("prepare_data_loader", "skip_first_batches"):
+        original = getattr(adl, name)
+        if getattr(original, _PATCHED, False):
+            continue
+        wrapped = _keeping_pooled(original)
+        setattr(adl, name, wrapped)
+        if getattr(acc, name, None) is original:  # accelerator.py imported it by name
+            setattr(acc, name, wrapped)
+
+
+def _keeping_pooled(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(dataloader: Any, *args: Any, **kwargs: Any) -> Any:
+        from .loader import PooledLoader
+        template = dataloader
+        if not isinstance(template, PooledLoader):
+            return original(dataloader, *args, **kwargs)
+        template = getattr(dataloader, "base_dataloader", dataloader)  # already prepared
+        return _swap_base(original(dataloader, *args, **kwargs), template)
+
+    setattr(wrapper, _PATCHED, True)
+    return wrapper
+
+
+def _swap_base(prepared: Any, template: Any) -> Any:
+    """Replace the plain DataLoader inside accelerate's wrapper with a PooledLoader."""
+    from .loader import PooledLoader
+    base = getattr(prepared, "base_dataloader", None)
+    if base is None:
+        if type(prepared) is torch.utils.data.DataLoader:  # skip_first_batches on a raw loader
+            return _rebuild(prepared, template, template.device)
+        warnings.warn(
+            f"PooledLoader: accelerate returned a {type(prepared).__name__} (e.g. TPU/XLA, or "
+            "skip_first_batches on an unprepared iterable loader), which wraps a plain torch "
+            "DataLoader: the pool is not used there. Pass the loader through "
+            "accelerator.prepare first, or iterate the PooledLoader itself and move batches "
+            "to accelerator.device.", UserWarning, stacklevel=4)
+        return prepared
+    if isinstance(base, PooledLoader):
+        return prepared
+    if type(base).__name__ == "StatefulDataLoader" and not hasattr(PooledLoader, "state_dict"):
+        warnings.warn(
+            "PooledLoader: Accelerator(use_stateful_dataloader=True) needs a loader with "
+            "state_dict(); this PooledLoader has none, so accelerate's StatefulDataLoader is "
+            "kept and the pool is not used. Drop use_stateful_dataloader to keep PooledLoader.",
+            UserWarning, stacklevel=4)
+        return prepared
+    device = template.device
+    accel_device = getattr(prepared, "device", None)
+    if device is None and accel_device is not None and torch.device(accel_device).type == "cuda":
+        device = accel_device
+    prepared.base_dataloader = _rebuild(base, template, device)
+    if hasattr(prepared.base_dataloader, "state_dict") and hasattr(prepared, "dl_state_dict"):
+        prepared.dl_state_dict = prepared.base_dataloader.state_dict()
+    return prepared
+
+
+def _rebuild(base: Any, template: Any, device: Any) -> Any:
+    """A PooledLoader with ``base``'s arguments (as accelerate built them) and ``template``'s
+    extras."""
+    from .loader import PooledLoader
+    dataset = base.dataset
+    inner = getattr(dataset, "dataset", None)
+    if type(dataset).__name__ == "IterableDatasetShard" and getattr(inner, "splits_by_rank",
+                                                                    False):
+        dataset = inner  # it splits itself by rank, with equal counts per rank
+    if isinstance(dataset, IterableDataset):
+        batching: dict = {"batch_size": base.batch_size, "drop_last": base.drop_last}
+    elif base.batch_sampler is not None:
+        batching = {"batch_sampler": base.batch_sampler}
+    else:
+        batching = {"batch_size": None, "sampler": base.sampler}
+    loader = PooledLoader(dataset, **batching, **{k: getattr(base, k) for k in _PASSED_THROUGH},
+                          pool_slots=template.pool_slots, on_error=template.on_error,
+                          device=device, device_transform=template.device_transform)
+    loader._epoch = template._epoch
+    return loader
