@@ -23,9 +23,10 @@ imported (the usual order: ``Accelerator()`` first). Otherwise call it once, bef
     pooled_loader.integrations.patch_accelerate()
 
 An iterable dataset that splits itself by rank (``splits_by_rank = True``, e.g.
-``pooled_loader.webdataset.WebDataset``) keeps its own split instead of accelerate's
-``IterableDatasetShard``, which would make every process read every sample and split them a
-second time. What cannot be kept (TPU/XLA's ``MpDeviceLoaderWrapper``; torchdata's
+``pooled_loader.webdataset.WebDataset``) keeps its own split: every process reads its own share
+(accelerate's default for iterable datasets, ``dispatch_batches``, would have process 0 read and
+split batches that are already one rank's share; an explicit ``dispatch_batches=True`` warns),
+and accelerate's ``IterableDatasetShard`` is not put around it. What cannot be kept (TPU/XLA's ``MpDeviceLoaderWrapper``; torchdata's
 ``StatefulDataLoader`` while ``PooledLoader`` has no ``state_dict``) warns, naming what was kept
 instead.
 """
@@ -79,6 +80,16 @@ def _keeping_pooled(original: Callable) -> Callable:
         if not isinstance(template, PooledLoader):
             return original(dataloader, *args, **kwargs)
         template = getattr(dataloader, "base_dataloader", dataloader)  # already prepared
+        if getattr(template.dataset, "splits_by_rank", False) and "dispatch_batches" in kwargs:
+            if kwargs["dispatch_batches"] is None:  # accelerate's default for iterables: True
+                kwargs["dispatch_batches"] = False
+            elif kwargs["dispatch_batches"]:
+                warnings.warn(
+                    f"PooledLoader: dispatch_batches=True makes process 0 read and split the "
+                    f"batches, but {type(template.dataset).__name__} already splits itself by "
+                    "rank: each process would get a fraction of one rank's share. Use "
+                    "Accelerator(dataloader_config=DataLoaderConfiguration("
+                    "dispatch_batches=False)).", UserWarning, stacklevel=3)
         return _swap_base(original(dataloader, *args, **kwargs), template)
 
     setattr(wrapper, _PATCHED, True)
