@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from . import trees
 from .constants import ALIGN, round_up
 from .errors import SampleError
 
@@ -146,24 +147,44 @@ def unpack_preamble(raw: bytes, path: str) -> Preamble:
 # Sample layout: tree of leaves
 
 
+# The layout is stored as JSON; in memory it is walked as a trees.py spec whose leaf nodes are the
+# JSON leaf dicts. Namedtuples are stored (and read back) as tuples, mappings as dicts.
+
+
 def infer_layout(sample: Any) -> tuple[dict, list[dict]]:
     """Layout tree of ``sample`` and its leaves in flattening order."""
     leaves: list[dict] = []
 
-    def walk(x: Any) -> dict:
-        if isinstance(x, (tuple, list)):
-            return {"t": "tuple" if isinstance(x, tuple) else "list",
-                    "items": [walk(v) for v in x]}
-        if isinstance(x, dict):
-            keys = list(x)
-            if not all(isinstance(k, str) for k in keys):
-                raise TypeError(f"only str dict keys can be cached, got {keys!r}")
-            return {"t": "dict", "keys": keys, "items": [walk(x[k]) for k in keys]}
-        leaf = {"t": "leaf", "id": len(leaves), **_leaf_kind(x)}
-        leaves.append(leaf)
-        return leaf
+    def leaf(x: Any) -> dict:
+        node = {"t": "leaf", "id": len(leaves), **_leaf_kind(x)}
+        leaves.append(node)
+        return node
 
-    return walk(sample), leaves
+    return _to_json(trees.flatten(sample, leaf)), leaves
+
+
+def _to_json(spec: Any) -> dict:
+    """The JSON layout tree of a trees.py spec whose leaf nodes are JSON leaf dicts."""
+    if isinstance(spec, dict):
+        return spec
+    if spec[0] == trees.MAP:
+        keys = spec[2]
+        if not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"only str dict keys can be cached, got {keys!r}")
+        return {"t": "dict", "keys": keys, "items": [_to_json(c) for c in spec[3]]}
+    t = "tuple" if issubclass(spec[1], tuple) else "list"
+    return {"t": t, "items": [_to_json(c) for c in spec[2]]}
+
+
+def _spec(tree: dict) -> Any:
+    """The trees.py spec of a JSON layout tree (its leaf nodes are the JSON leaf dicts)."""
+    t = tree["t"]
+    if t == "leaf":
+        return tree
+    children = [_spec(n) for n in tree["items"]]
+    if t == "dict":
+        return (trees.MAP, dict, tree["keys"], children)
+    return (trees.SEQ, tuple if t == "tuple" else list, children)
 
 
 def _leaf_kind(x: Any) -> dict:
@@ -213,27 +234,25 @@ def flatten(sample: Any, tree: dict, where: str = "sample") -> list:
     """Leaf values of ``sample`` in layout order; TypeError when it does not fit ``tree``."""
     out: list = []
 
-    def walk(x: Any, node: dict, at: str) -> None:
-        t = node["t"]
-        if t in ("tuple", "list"):
-            if not isinstance(x, (tuple, list)) or len(x) != len(node["items"]):
-                raise TypeError(f"{at}: expected a {t} of {len(node['items'])}, got {_desc(x)}")
-            for i, (v, n) in enumerate(zip(x, node["items"])):
-                walk(v, n, f"{at}[{i}]")
-        elif t == "dict":
-            if not isinstance(x, dict) or list(x) != node["keys"]:
-                raise TypeError(f"{at}: expected a dict with keys {node['keys']}, got {_desc(x)}")
-            for k, n in zip(node["keys"], node["items"]):
-                walk(x[k], n, f"{at}[{k!r}]")
-        else:
-            got = _leaf_kind(x)
-            if got["kind"] != node["kind"] or got.get("dtype") != node.get("dtype") \
-                    or got.get("ndim") != node.get("ndim"):
-                raise TypeError(f"{at}: expected {_leaf_desc(node)}, got {_leaf_desc(got)}")
-            out.append(x)
+    def leaf(node: dict, x: Any) -> None:
+        got = _leaf_kind(x)
+        if got["kind"] != node["kind"] or got.get("dtype") != node.get("dtype") \
+                or got.get("ndim") != node.get("ndim"):
+            raise trees.Mismatch(node, x, f"expected {_leaf_desc(node)}, got {_leaf_desc(got)}")
+        out.append(x)
 
-    walk(sample, tree, where)
+    try:
+        trees.flatten_as(_spec(tree), sample, leaf, ordered_keys=True)
+    except trees.Mismatch as e:
+        at = where + "".join(f"[{k!r}]" for k in e.path)
+        raise TypeError(f"{at}: {e.detail or _expected(e.node, e.value)}") from None
     return out
+
+
+def _expected(node: tuple, x: Any) -> str:
+    if node[0] == trees.MAP:
+        return f"expected a dict with keys {node[2]}, got {_desc(x)}"
+    return f"expected a {node[1].__name__} of {len(node[-1])}, got {_desc(x)}"
 
 
 def _desc(x: Any) -> str:
@@ -254,36 +273,16 @@ def _leaf_desc(leaf: dict) -> str:
 
 
 def make_unflatten(tree: dict):
-    """A fast function ``values -> sample`` rebuilding the tree from leaf values."""
-    t = tree["t"]
-    if t == "leaf":
-        j = tree["id"]
-        return lambda v: v[j]
-    subs = [make_unflatten(n) for n in tree["items"]]
-    if t == "tuple":
-        return lambda v: tuple(f(v) for f in subs)
-    if t == "list":
-        return lambda v: [f(v) for f in subs]
-    keys = tree["keys"]
-    return lambda v: {k: f(v) for k, f in zip(keys, subs)}
+    """A function ``values -> sample`` rebuilding the tree from leaf values."""
+    spec = _spec(tree)
+    return lambda values: trees.unflatten(spec, lambda node: values[node["id"]])
 
 
 def out_leaves(out: Any, tree: dict) -> list:
     """Leaves of a ``getitem_into`` ``out`` tree in layout order (``None`` where it has none)."""
     res: list = []
-
-    def walk(x: Any, node: dict) -> None:
-        if node["t"] == "leaf":
-            res.append(x if isinstance(x, np.ndarray) else None)
-        elif node["t"] == "dict":
-            for k, n in zip(node["keys"], node["items"]):
-                walk(x.get(k) if isinstance(x, dict) else None, n)
-        else:
-            items = x if isinstance(x, (tuple, list)) else ()
-            for i, n in enumerate(node["items"]):
-                walk(items[i] if i < len(items) else None, n)
-
-    walk(out, tree)
+    trees.flatten_as(_spec(tree), out, lambda node, x: res.append(
+        x if isinstance(x, np.ndarray) else None), lenient=True)
     return res
 
 
@@ -384,17 +383,7 @@ def pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
 
 def infer_layout_from_tree(tree: dict) -> tuple[dict, list[dict]]:
     """The leaves of a stored layout tree in flattening order."""
-    leaves: list[dict] = []
-
-    def walk(node: dict) -> None:
-        if node["t"] == "leaf":
-            leaves.append(node)
-        else:
-            for n in node["items"]:
-                walk(n)
-
-    walk(tree)
-    return tree, leaves
+    return tree, trees.leaf_nodes(_spec(tree))
 
 
 def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -> dict:

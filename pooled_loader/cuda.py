@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from . import trees
 from .pool import Arena, SlotLease, SlotPool, unfenced_releases
 
 # cudaHostRegisterPortable: the memory counts as pinned in every CUDA context, so a copy to any
@@ -371,16 +372,8 @@ def _lease_holding(address: int) -> SlotLease | None:
 
 
 def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply `fn` to every tensor of a batch tree (dicts, lists, tuples, namedtuples)."""
-    if isinstance(tree, torch.Tensor):
-        return fn(tree)
-    if isinstance(tree, dict):
-        return type(tree)({k: map_tensors(v, fn) for k, v in tree.items()})
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*[map_tensors(v, fn) for v in tree])
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(map_tensors(v, fn) for v in tree)
-    return tree
+    """Apply `fn` to every tensor of a batch tree (mappings, lists, tuples, namedtuples)."""
+    return trees.map_leaves(tree, fn, lambda x: isinstance(x, torch.Tensor))
 
 
 class DeviceIter:

@@ -8,13 +8,13 @@ of the slot.
 """
 from __future__ import annotations
 
-import collections.abc
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from . import trees
 from .constants import ALIGN, round_up
 
 _TORCH_TO_NUMPY = {
@@ -97,9 +97,8 @@ def place(leaves: list[Leaf]) -> tuple[list[int], int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Trees: flatten a sample/batch into (spec, arrays, metas); rebuild it from views.
-# spec nodes: ("leaf", i) | ("meta", i) | ("map", type, keys, children) | ("seq", type, children)
-#             | ("namedtuple", type, children)
+# Trees (walked by trees.py): a sample/batch is flattened into (spec, arrays, metas) and rebuilt
+# from views. Leaf nodes of the spec: ("leaf", i) for arrays[i], ("meta", i) for metas[i].
 
 
 def flatten(tree: Any, arrays: list, metas: list, numbers: bool | str = False) -> tuple:
@@ -107,70 +106,29 @@ def flatten(tree: Any, arrays: list, metas: list, numbers: bool | str = False) -
 
     With `numbers`, Python/numpy scalars are array leaves too (see `leaf_of`).
     """
-    if leaf_of(tree, numbers) is not None:
-        arrays.append(tree)
-        return ("leaf", len(arrays) - 1)
-    if isinstance(tree, collections.abc.Mapping):
-        keys = list(tree.keys())
-        return ("map", type(tree), keys, [flatten(tree[k], arrays, metas, numbers) for k in keys])
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return ("namedtuple", type(tree), [flatten(v, arrays, metas, numbers) for v in tree])
-    if isinstance(tree, (list, tuple)):
-        return ("seq", type(tree), [flatten(v, arrays, metas, numbers) for v in tree])
-    metas.append(tree)
-    return ("meta", len(metas) - 1)
+    def leaf(value: Any) -> tuple:
+        if leaf_of(value, numbers) is not None:
+            arrays.append(value)
+            return ("leaf", len(arrays) - 1)
+        metas.append(value)
+        return ("meta", len(metas) - 1)
+
+    return trees.flatten(tree, leaf)
 
 
 def unflatten(spec: tuple, arrays: list, metas: list) -> Any:
     """Rebuild the tree described by `spec` from its leaves."""
-    tag = spec[0]
-    if tag == "leaf":
-        return arrays[spec[1]]
-    if tag == "meta":
-        return metas[spec[1]]
-    if tag == "map":
-        _, typ, keys, children = spec
-        items = {k: unflatten(c, arrays, metas) for k, c in zip(keys, children)}
-        try:
-            return typ(items)
-        except TypeError:
-            return items
-    if tag == "namedtuple":
-        return spec[1](*[unflatten(c, arrays, metas) for c in spec[2]])
-    _, typ, children = spec
-    values = [unflatten(c, arrays, metas) for c in children]
-    try:
-        return typ(values)
-    except TypeError:
-        return values
+    return trees.unflatten(spec, lambda node: (arrays if node[0] == "leaf" else metas)[node[1]])
 
 
-class StructureMismatch(Exception):
-    """A sample does not have the structure of the samples before it."""
+StructureMismatch = trees.Mismatch  # a sample does not have the structure of the samples before it
 
 
 def extract(spec: tuple, tree: Any, arrays: list, metas: list) -> None:
     """The leaves of `tree` in `spec`'s order: a fast `flatten` for a structure already seen.
     Raises StructureMismatch when the containers differ (leaf types are checked by the caller)."""
-    tag = spec[0]
-    if tag == "leaf":
-        arrays.append(tree)
-    elif tag == "meta":
-        metas.append(tree)
-    elif tag == "map":
-        if not isinstance(tree, collections.abc.Mapping) or len(tree) != len(spec[2]):
-            raise StructureMismatch
-        try:
-            for key, child in zip(spec[2], spec[3]):
-                extract(child, tree[key], arrays, metas)
-        except KeyError:
-            raise StructureMismatch from None
-    else:
-        children = spec[-1]
-        if not isinstance(tree, (list, tuple)) or len(tree) != len(children):
-            raise StructureMismatch
-        for child, value in zip(children, tree):
-            extract(child, value, arrays, metas)
+    trees.flatten_as(spec, tree, lambda node, value: (
+        arrays if node[0] == "leaf" else metas).append(value))
 
 
 def collated_spec(spec: tuple) -> tuple:
