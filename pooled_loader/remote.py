@@ -5,8 +5,9 @@ Why this module exists: object stores, proxies and long transfers reset connecti
 ``open_shard(url, offset)`` returns a buffered binary stream whose reads never see such a failure:
 
 - A connection reset, a timeout, a transient HTTP status (408, 429, 5xx) or a short read (the
-  connection closed before ``Content-Length`` bytes arrived) makes the stream reconnect, after a
-  backoff (``backoff_s``, doubling up to ``MAX_BACKOFF_S``), at the byte where it stopped.
+  connection closed before ``Content-Length`` bytes arrived) makes the stream reconnect at the
+  byte where it stopped: at once the first time, then after a backoff (``backoff_s``, doubling
+  up to ``MAX_BACKOFF_S``) for each further failure in a row.
 - Reconnecting uses an HTTP ``Range`` request where the server honours it (206). A server that
   ignores ``Range`` (200) is read again from the start and the bytes already delivered are
   discarded, so the reader sees every byte exactly once either way. ``pipe:`` commands are run
@@ -252,7 +253,8 @@ class ResilientStream(io.RawIOBase):
                 f"{self.url}: giving up at byte {self.pos} after {self._failures} failed attempts "
                 f"({self.attempts} connections in all); last error: {type(exc).__name__}: {exc}"
             ) from exc
-        time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 1)))
+        if self._failures > 1:  # a connection that had delivered bytes is retried at once
+            time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 2)))
 
     def readinto(self, buf: Any) -> int:
         view = memoryview(buf).cast("B")

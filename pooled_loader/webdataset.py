@@ -278,7 +278,8 @@ class WebDataset(IterableDataset):
             the sample in ``self.skipped``.
         retries: consecutive failed attempts to read a shard (connection reset, short read, HTTP
             5xx) before giving up on it; see ``pooled_loader.remote``.
-        retry_backoff_s: wait before the first retry; it doubles after each failure.
+        retry_backoff_s: the first retry is immediate; a second failure in a row waits this
+            long, and the wait doubles with each further one.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: no DistributedSampler needed
@@ -525,15 +526,17 @@ class WebDataset(IterableDataset):
         if prog is None:
             return state
         pos = prog.pos
-        version, internal, gauss = prog.rng.getstate()
+        rng = None
+        if self.shuffle_buffer > 1:  # the only user of the RNG; 625 numbers, so only then
+            version, internal, gauss = prog.rng.getstate()
+            rng = [version, list(internal), gauss]
         state.update(
             quota=prog.quota, done=prog.done,
             position={"shard": pos.shard, "offset": pos.offset, "index": pos.index,
                       "visits": pos.visits, "got": pos.got, "idle": pos.idle},
             round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
                    "mark": prog.mark, "draining": prog.draining},
-            buffer=[list(here) for _, here in prog.buffer],
-            rng=[version, list(internal), gauss])
+            buffer=[list(here) for _, here in prog.buffer], rng=rng)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -574,8 +577,9 @@ class WebDataset(IterableDataset):
     def _restore(self, state: dict, quota: int, shards: list[str], rng: random.Random
                  ) -> _Progress:
         p, r = state["position"], state["round"]
-        version, internal, gauss = state["rng"]
-        rng.setstate((version, tuple(internal), gauss))
+        if state["rng"] is not None:
+            version, internal, gauss = state["rng"]
+            rng.setstate((version, tuple(internal), gauss))
         prog = _Progress(quota, _Position(p["shard"], p["offset"], p["index"], p["visits"],
                                           bool(p["got"]), p["idle"]), rng,
                          done=state["done"], round_left=r["left"], rounds=r["count"],

@@ -10,12 +10,16 @@ the standard library's (``python -m http.server``, one thread per connection) in
 remote object store. Both loaders are PooledLoader + pooled_loader.webdataset.WebDataset with
 the same decode + RandomResizedCrop 224 + flip (bench_wds's per-sample work), shard shuffle and
 a 1000-sample shuffle buffer, persistent workers, run interleaved (local, http, local, ...).
+With psutil, images per CPU-second count the main process and all its descendants, the server
+included (it idles during the local epochs), which other processes' load disturbs much less than
+wall-clock rates.
 ``--cut BYTES`` serves through tests/http_shards.py instead, cutting every response after that
 many bytes (so each shard is read through many Range-resumed connections).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import statistics
@@ -93,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
                 "http://127.0.0.1": [f"{base}/{os.path.basename(s)}" for s in shards]}
         built = {name: build(u, augment, args.batch, args.workers) for name, u in urls.items()}
         rates: dict[str, list[float]] = {name: [] for name in built}
+        per_cpu: dict[str, list[float]] = {name: [] for name in built}
         for epoch in range(args.warmup + args.epochs):
             for name, (loader, ds) in built.items():
-                n, dt, _ = run_epoch(loader, ds, epoch)
+                n, dt, cpu = run_epoch(loader, ds, epoch)
                 if n != total:
                     raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
                 if epoch >= args.warmup:
                     rates[name].append(n / dt)
+                    if cpu:
+                        per_cpu[name].append(n / cpu)
         for loader, _ in built.values():
             loader.close()
     finally:
@@ -117,11 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
           " at the end (shared machine: compare within a run)")
     local = statistics.median(rates["local disk"])
-    print("| shards read from | median images/s | epochs (images/s) | vs local disk |")
-    print("| --- | ---: | --- | ---: |")
+    local_cpu = statistics.median(per_cpu["local disk"] or [math.nan])
+    print("| shards read from | median images/s | epochs (images/s) | vs local disk "
+          "| images per CPU-second (loader + server) | vs local disk |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"| {name} | {med:.0f} | {', '.join(f'{x:.0f}' for x in r)} | {med / local:.2f}x |")
+        pc = statistics.median(per_cpu[name] or [math.nan])
+        print(f"| {name} | {med:.0f} | {', '.join(f'{x:.0f}' for x in r)} | {med / local:.2f}x "
+              f"| {pc:.0f} | {pc / local_cpu:.2f}x |")
     return 0
 
 

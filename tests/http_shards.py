@@ -24,6 +24,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         srv = self.server.shards
         name = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
+        with srv.lock:
+            srv.gets[name] += 1
         path = os.path.join(srv.root, name)
         if not os.path.isfile(path):
             self.send_error(404)
@@ -85,7 +87,8 @@ class ShardServer:
         self.root, self.ranges, self.cut_after, self.cuts, self.reset = (
             root, ranges, cut_after, cuts, reset)
         self.lock = threading.Lock()
-        self.requests: collections.Counter = collections.Counter()
+        self.requests: collections.Counter = collections.Counter()  # responses with a body
+        self.gets: collections.Counter = collections.Counter()  # every GET, 404s included
         self.log: list[tuple] = []
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.shards = self

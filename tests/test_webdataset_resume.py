@@ -85,6 +85,7 @@ def test_mid_shard_resume_does_not_read_consumed_shards(root):
     got, state = take(make(), 6 + 11 + 2)  # 2 samples into the third shard
     assert got == list(range(19))
     assert state["position"]["shard"] == 2 and state["position"]["offset"] > 0
+    assert len(json.dumps(state)) < 1000  # small: it travels with every snapshot
     remote.IO_STATS["opens"].clear()
     remote.IO_STATS["bytes"].clear()
     assert resumed(make, state) == list(range(19, 30))
