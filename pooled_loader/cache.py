@@ -215,7 +215,7 @@ def _source_root(ds: Any) -> str | None:
     return os.path.commonpath(paths)
 
 
-def sample_identity(ds: Any, i: int, root: str | None) -> int:
+def _sample_identity(ds: Any, i: int, root: str | None) -> int:
     """Nonzero u64 naming sample ``i``'s source as it is now: its file (path under ``root``, size,
     mtime) and the rest of its ``samples`` entry (the label); 0 when it has no file."""
     p = _sample_file(ds, i) if root is not None else None
@@ -296,7 +296,7 @@ class _BuildTasks:
             if rows is None:
                 rows = np.zeros(len(pairs), self._dtype)
             _write_record(self._fd, rows[written:written + 1], i, k,
-                          sample_identity(ds, i, self.root), values, self._leaves)
+                          _sample_identity(ds, i, self.root), values, self._leaves)
             written += 1
         tree = None
         if written and not self._sent:
@@ -378,7 +378,7 @@ MAX_FAILURES_BEFORE_FIRST_SUCCESS = 32
 def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
                 variants: int = 1, progress: bool = True, seed: int = 0,
                 overwrite: bool = False, chunk_size: int = 8,
-                multiprocessing_context: str | None = None, on_error: str = "raise") -> str:
+                multiprocessing_context: str | None = None, on_error: str | None = None) -> str:
     """Run ``dataset[i]`` for every index (``variants`` times) and store the samples at ``path``.
 
     Resumes an interrupted build of the same dataset (fingerprint), seed and variants from
@@ -389,8 +389,9 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
     (``multiprocessing_context``, default fork where available) write records straight into the
     file; 0 builds in-process.
 
-    ``on_error="raise"``: a sample the dataset fails on stops the build with CacheSampleError
-    (finished records are kept for the resume). ``"skip"``: such samples are left out of the
+    ``on_error="raise"`` (the default, unless the dataset's own ``on_error`` attribute is
+    "skip", as PooledLoader reads it): a sample the dataset fails on stops the build with
+    CacheSampleError (finished records are kept for the resume). ``"skip"``: such samples are left out of the
     cache and recorded in its header (``CachedDataset.skipped``); the cache numbers the rest
     densely (``CachedDataset.source_indices``). ``progress`` shows a bar and, with skipped
     samples, a one-line summary on stderr.
@@ -398,6 +399,8 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
     path = os.fspath(path)
     if variants < 1:
         raise ValueError(f"variants must be >= 1, got {variants}")
+    if on_error is None:
+        on_error = "skip" if getattr(dataset, "on_error", None) == "skip" else "raise"
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     count = len(dataset)
@@ -475,7 +478,10 @@ class _Build:
         if head is None or not os.path.exists(self.partial):
             return None
         jhead, start = head
-        for key in ("journal_version", "format_version", "variants", "seed"):
+        if (jhead.get("journal_version"), jhead.get("format_version")) \
+                != (JOURNAL_VERSION, FORMAT_VERSION):
+            return "it was written by another version of pooled_loader"
+        for key in ("variants", "seed"):
             if jhead.get(key) != self.spec[key]:
                 return (f"it was started with {key}={jhead.get(key)!r}, this build has "
                         f"{self.spec[key]!r}")
@@ -523,7 +529,7 @@ class _Build:
         if self.root is None or (rows["source"] == 0).any():
             return rows, ("the source changed and the dataset has no `samples` file list to tell "
                           "which samples did")
-        now = {sample_identity(self.dataset, i, self.root): i for i in range(self.count)}
+        now = {_sample_identity(self.dataset, i, self.root): i for i in range(self.count)}
         index = np.array([now.get(int(s), -1) for s in rows["source"]], np.int64)
         if (index < 0).any():
             n = len(np.unique(rows["index"][index < 0]))
@@ -1033,6 +1039,7 @@ def _cli_build(args: argparse.Namespace) -> None:
     if args.crop:
         ops.append(RandomResizedCrop(args.crop))
     ds = ImageFolder(args.src, transform=Compose(ops))
+    existed = os.path.exists(args.dst) and not args.overwrite
     try:
         build_cache(ds, args.dst, num_workers=args.workers, variants=args.variants,
                     seed=args.seed, progress=not args.quiet, overwrite=args.overwrite,
@@ -1046,7 +1053,7 @@ def _cli_build(args: argparse.Namespace) -> None:
     cache = CachedDataset(args.dst)
     print(f"{args.dst}: {len(cache):,} samples x {cache.variants} variants, "
           f"{os.path.getsize(args.dst) / 2**20:.1f} MiB")
-    if cache.skipped and args.quiet:  # else build_cache printed it under the progress bar
+    if cache.skipped and (args.quiet or existed):  # else build_cache printed it
         print(f"{len(cache.skipped):,} of {cache.header['source_count']:,} samples skipped "
               f"(see `python -m pooled_loader cache info {args.dst}`)")
 

@@ -639,7 +639,7 @@ class CountingFolder:
         return Counting(root, transform=V.Compose([V.DecodeImage(), V.Resize(max_side=64)]))
 
 
-@pytest.mark.parametrize("fix", ["remove", "replace"])
+@pytest.mark.parametrize("fix", ["remove", "replace", "rename"])
 def test_a_failed_build_resumes_after_the_bad_file_is_fixed(fix, tmp_path):
     root = make_jpegs(str(tmp_path / "imgs"), n=12)
     bad = write_bad(root, "truncated", name="img_004b.jpg")  # in the middle of class_1
@@ -651,18 +651,31 @@ def test_a_failed_build_resumes_after_the_bad_file_is_fixed(fix, tmp_path):
     assert info.value.kept == bad_index and partial_progress(path) == (bad_index, 13)
     if fix == "remove":
         os.unlink(bad)
+    elif fix == "rename":  # a PNG that was named .jpg, fixed by its name: a new sample
+        os.rename(bad, bad[:-4] + ".png")
+        with open(os.path.join(root, "class_0", "img_000.jpg"), "rb") as f:
+            png = cv2_png(f.read())
+        with open(bad[:-4] + ".png", "wb") as g:
+            g.write(png)
     else:
         with open(os.path.join(root, "class_0", "img_000.jpg"), "rb") as f, \
                 open(bad, "wb") as g:
             g.write(f.read())
     src = CountingFolder(root)
     build_cache(src, path, progress=False)
+    assert len(src) == 13 - (fix == "remove")
     assert src.calls == len(src) - bad_index  # the finished records were kept
     clean = str(tmp_path / "clean.plc")
     build_cache(CountingFolder(root), clean, progress=False)
     for a, b in zip(records(path), records(clean), strict=True):
         assert np.array_equal(a[0], b[0]) and a[1] == b[1]
     CachedDataset(path, expect_fingerprint_of=src).verify()
+
+
+def cv2_png(jpeg):
+    import cv2
+    img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    return cv2.imencode(".png", img)[1].tobytes()
 
 
 def test_a_change_to_an_already_cached_file_starts_over_saying_why(tmp_path):
@@ -695,6 +708,15 @@ def test_skipped_samples_are_retried_when_a_build_resumes(tmp_path):
     build_cache(src, path, progress=False, on_error="skip")
     ds = CachedDataset(path)
     assert len(ds) == 12 and ds.skipped == [] and src.calls == 12 - 9
+
+
+def test_a_dataset_built_to_skip_bad_files_is_cached_with_skip(tmp_path):
+    V = pytest.importorskip("pooled_loader.vision")
+    root = make_jpegs(str(tmp_path / "imgs"), n=6)
+    bad = write_bad(root, "not_an_image")
+    src = V.ImageFolder(root, transform=V.Compose([V.DecodeImage()]), on_error="skip")
+    build_cache(src, str(tmp_path / "c.plc"), progress=False)  # as PooledLoader reads it
+    assert [s["path"] for s in CachedDataset(str(tmp_path / "c.plc")).skipped] == [bad]
 
 
 # ---- the command line, as a user runs it ------------------------------------------------------
