@@ -205,8 +205,9 @@ def _sample_file(ds: Any, i: int) -> str | None:
 
 def _source_root(ds: Any) -> str | None:
     """Root that source paths are taken relative to (movable data); None without a file list."""
-    samples = getattr(ds, "samples", None)
-    if not isinstance(samples, Sequence) or _sample_file(ds, 0) is None:  # ImageFolder's is lazy
+    samples = getattr(ds, "samples", None)  # a list, or a lazy sequence (vision.ImageFolder)
+    if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)) \
+            or not len(samples) or _sample_file(ds, 0) is None:
         return None
     root = getattr(ds, "root", None)
     if isinstance(root, (str, os.PathLike)):
@@ -491,9 +492,11 @@ class _Build:
             rows, why = self._rows_for_changed_source(jhead, rows)
             if why is not None:
                 return why
-            data = pack_journal_header({**self.spec, "layout": tree}) + rows.tobytes()
-            os.pwrite(self.jfd, data, 0)  # the journal now describes the source as it is
-            os.ftruncate(self.jfd, len(data))
+            # The journal now describes the source as it is. Emptied first: a crash while
+            # rewriting must not leave old-numbered rows behind the new header.
+            os.ftruncate(self.jfd, 0)
+            os.pwrite(self.jfd, pack_journal_header({**self.spec, "layout": tree})
+                      + rows.tobytes(), 0)
         self._set_layout(tree, leaves)
         apply_entries(self.arrs, self.done, rows, leaves)
         return None
@@ -524,8 +527,8 @@ class _Build:
         changed = sorted(k for k in set(old) | set(new) if k not in ("len", "files", "files_sha256")
                          and old.get(k) != new.get(k))
         if changed:
-            return rows, "; ".join(f"its {k} changed from {old.get(k)!r} to {new.get(k)!r}"
-                                   for k in changed)
+            return rows, "; ".join(f"its {k} changed from {_short(old.get(k))} to "
+                                   f"{_short(new.get(k))}" for k in changed)
         if self.root is None or (rows["source"] == 0).any():
             return rows, ("the source changed and the dataset has no `samples` file list to tell "
                           "which samples did")
@@ -676,6 +679,11 @@ class _Build:
         finally:
             os.close(dfd)
         os.unlink(self.journal)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _row_holds(row: np.ndarray, jhead: dict, leaves: list[dict], mm: mmap.mmap | None,

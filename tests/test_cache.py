@@ -619,6 +619,24 @@ def test_skip_gives_up_when_the_pipeline_itself_is_broken(jpeg_root, tmp_path):
     assert not os.path.exists(path) and not os.path.exists(path + ".partial")
 
 
+class OddOne(JpegFolder):
+    """Sample 5 has another structure (grey HW instead of HWC): a pipeline bug, not a bad file."""
+
+    def __getitem__(self, i):
+        img, label = super().__getitem__(i)
+        return (img[..., 0] if i == 5 else img), label
+
+
+def test_a_pipeline_error_in_a_worker_stops_the_build_in_one_line(jpeg_root, tmp_path):
+    path = str(tmp_path / "c.plc")
+    with pytest.raises(CacheError) as info:
+        build_cache(OddOne(jpeg_root, transform=Decode()), path, num_workers=2,
+                    progress=False, on_error="skip", chunk_size=2)
+    msg = str(info.value)
+    assert "\n" not in msg and "dataset[5]" in msg and "expected array ndim=3" in msg, msg
+    assert "Traceback" in str(info.value.__cause__)  # the worker's report stays available
+
+
 class CountingFolder:
     """vision.ImageFolder that counts the samples it loads (in-process builds) and raises
     KeyboardInterrupt at index ``stop_at``."""
