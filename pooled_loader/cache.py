@@ -392,10 +392,10 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
 
     ``on_error="raise"`` (the default, unless the dataset's own ``on_error`` attribute is
     "skip", as PooledLoader reads it): a sample the dataset fails on stops the build with
-    CacheSampleError (finished records are kept for the resume). ``"skip"``: such samples are left out of the
-    cache and recorded in its header (``CachedDataset.skipped``); the cache numbers the rest
-    densely (``CachedDataset.source_indices``). ``progress`` shows a bar and, with skipped
-    samples, a one-line summary on stderr.
+    CacheSampleError (finished records are kept for the resume). ``"skip"``: such samples are
+    left out of the cache and recorded in its header (``CachedDataset.skipped``); the cache
+    numbers the rest densely (``CachedDataset.source_indices``). ``progress`` shows a bar and,
+    with skipped samples, a one-line summary on stderr.
     """
     path = os.fspath(path)
     if variants < 1:
