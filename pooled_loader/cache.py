@@ -248,9 +248,10 @@ class _BuildTasks:
     """
 
     def __init__(self, dataset: Any, partial: str, seed: int, tree: dict | None, lock_fd: int,
-                 on_error: str, root: str | None) -> None:
+                 stop_at_failure: bool, root: str | None) -> None:
         self.dataset, self.partial, self.seed, self.tree = dataset, partial, seed, tree
-        self.on_error, self.root = on_error, root
+        # Not named on_error: PooledLoader would read that as its own (replacing samples).
+        self.stop_at_failure, self.root = stop_at_failure, root
         st = os.fstat(lock_fd)
         self.lock, self.owner = (lock_fd, st.st_dev, st.st_ino), os.getpid()
         self._pid = self._fd = None
@@ -288,7 +289,7 @@ class _BuildTasks:
                 sample = ds[i]
             except Exception as e:  # noqa: BLE001 - any failure of the dataset is this sample's
                 failures.append(_failure_report(ds, i, k, e))
-                if self.on_error == "raise":
+                if self.stop_at_failure:
                     break
                 continue
             if self._tree is None:
@@ -555,7 +556,7 @@ class _Build:
         todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~self.done))]
         tasks = [tuple(todo[s:s + chunk_size]) for s in range(0, len(todo), chunk_size)]
         builder = _BuildTasks(self.dataset, self.partial, self.seed, self.tree, self.jfd,
-                              self.on_error, self.root)
+                              self.on_error == "raise", self.root)
         if num_workers > 0:  # fork where available: the dataset need not be picklable
             import multiprocessing as mp
             mp_context = mp_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
