@@ -194,3 +194,56 @@ def test_bad_states_are_refused_with_the_reason(root):
     fewer.load_state_dict(state)
     with pytest.raises(ValueError, match=r"shards: state 4, dataset 3"):
         list(fewer)
+
+
+# -- through PooledLoader's own state_dict (real worker processes) ------------------------------
+needs_loader_state = pytest.mark.skipif(
+    not hasattr(__import__("pooled_loader").PooledLoader, "state_dict"),
+    reason="PooledLoader.state_dict (resumable loading) is not in this version")
+
+
+@needs_loader_state
+@pytest.mark.parametrize("snapshot_every", [1, 3])
+def test_loader_resume_mid_shard_over_http_reads_no_consumed_shard(root, snapshot_every,
+                                                                   monkeypatch):
+    """PooledLoader with 2 workers over http:// shards: the resumed loader gives the rest of the
+    epoch; the server log shows each worker start again at its recorded shard and byte offset
+    (a Range request) and never ask for a shard it had finished."""
+    from pooled_loader import PooledLoader
+    with ShardServer(root) as srv:
+        urls = [srv.url(f"shard-{i:04d}.tar") for i in range(4)]
+
+        def make():
+            ds = WebDataset(urls, transform=sample_id, seed=6, samples_per_epoch=30)
+            loader = PooledLoader(ds, batch_size=2, num_workers=2,
+                                  snapshot_every_n_steps=snapshot_every)
+            loader.set_epoch(1)
+            return loader
+
+        full = [b.tolist() for b in make()]
+        assert sorted(i for b in full for i in b) == list(range(30))
+        loader = make()
+        it = iter(loader)
+        got = [next(it).tolist() for _ in range(6)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it, loader
+        srv.clear()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert got + [b.tolist() for b in resumed] == full
+        srv.settle()
+        served = [(name, start) for name, _, start, _ in srv.log]
+    snapshots = state["_snapshot"]["_worker_snapshots"]
+    positions = [snapshots[f"worker_{w}"]["dataset_state"]["position"] for w in range(2)]
+    assert any(p["offset"] > 0 and p["index"] > 0 for p in positions)  # mid-shard
+    make_plain = WebDataset(urls, transform=sample_id, seed=6, samples_per_epoch=30)
+    make_plain.set_epoch(1)
+    for w in range(2):
+        pos = snapshots[f"worker_{w}"]["dataset_state"]["position"]
+        fake_worker(monkeypatch, w, 2)
+        _, shards, _, _ = make_plain._plan()
+        names = [u.rsplit("/", 1)[1] for u in shards]
+        mine = [(n, start) for n, start in served if n in names]
+        assert mine[0] == (names[pos["shard"]], pos["offset"])  # Range at the offset
+        finished = set(names[:pos["shard"]])
+        assert not finished & {n for n, _ in mine}, (finished, mine)
