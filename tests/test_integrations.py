@@ -122,3 +122,35 @@ def test_hf_datasets_give_dataloaders_batches(fmt):
             assert len(got) == len(expected) == 4
             for a, b in zip(expected, got):
                 assert_same(a, b)
+
+
+def test_accelerate_stateful_dataloader_keeps_pooled_loader_and_resumes():
+    """Accelerator(use_stateful_dataloader=True): the loader inside is still a PooledLoader, and
+    accelerate's state_dict/load_state_dict resume it mid-epoch."""
+    accelerate = pytest.importorskip("accelerate")
+    pytest.importorskip("torchdata.stateful_dataloader")
+    if not hasattr(PooledLoader, "state_dict"):
+        pytest.skip("PooledLoader.state_dict is not in this version")
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    config = accelerate.DataLoaderConfiguration(use_stateful_dataloader=True)
+    acc = accelerate.Accelerator(cpu=True, dataloader_config=config)
+    try:
+        def prepared():
+            return acc.prepare(PooledLoader(Structured(37), batch_size=4, shuffle=True,
+                                            num_workers=2,
+                                            generator=torch.Generator().manual_seed(2)))
+
+        first = prepared()
+        assert type(first.base_dataloader) is PooledLoader
+        full = [b["label"].tolist() for b in prepared()]
+        it = iter(first)
+        got = [next(it)["label"].tolist() for _ in range(3)]
+        state = first.state_dict()
+        del it
+        again = prepared()
+        again.load_state_dict(state)
+        assert got + [b["label"].tolist() for b in again] == full
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        PartialState._reset_state()
