@@ -39,7 +39,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import DistributedSampler, IterableDataset
 
 __all__ = ["patch_accelerate", "maybe_patch_accelerate"]
 
@@ -80,6 +80,13 @@ def _keeping_pooled(original: Callable) -> Callable:
         if not isinstance(template, PooledLoader):
             return original(dataloader, *args, **kwargs)
         template = getattr(dataloader, "base_dataloader", dataloader)  # already prepared
+        processes = kwargs.get("num_processes") or 1
+        if processes > 1 and isinstance(template.sampler, DistributedSampler):
+            warnings.warn(
+                "PooledLoader: this loader already has a DistributedSampler (distributed=True?) "
+                "and accelerate shards its batches across processes again: each process would "
+                f"see 1/{processes} of its share. Build the loader without distributed=True or a "
+                "DistributedSampler when using accelerator.prepare.", UserWarning, stacklevel=3)
         if getattr(template.dataset, "splits_by_rank", False) and "dispatch_batches" in kwargs:
             if kwargs["dispatch_batches"] is None:  # accelerate's default for iterables: True
                 kwargs["dispatch_batches"] = False

@@ -154,3 +154,12 @@ def test_accelerate_stateful_dataloader_keeps_pooled_loader_and_resumes():
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
         PartialState._reset_state()
+
+
+def test_accelerate_warns_when_the_loader_is_sharded_twice(accelerator, monkeypatch):
+    import accelerate.data_loader as adl
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = PooledLoader(list(range(8)), batch_size=2, shuffle=True, distributed=True)
+    with pytest.warns(UserWarning, match="already has a DistributedSampler.*1/2 of its share"):
+        adl.prepare_data_loader(loader, num_processes=2, process_index=0)
