@@ -258,7 +258,8 @@ class _Progress:
     before: int = 0  # `done` when the round started
     mark: int = 0  # `pos.visits` when a round last yielded something
     draining: bool = False
-    buffer: list = field(default_factory=list)  # [(sample, (shard, offset, index)), ...]
+    buffer: list = field(default_factory=list)  # samples held by the shuffle buffer
+    held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
 
 
 class WebDataset(IterableDataset):
@@ -420,7 +421,7 @@ class WebDataset(IterableDataset):
             try:
                 for sample, start, after in self._read_shard(url, pos.offset, pos.index):
                     key = sample["__key__"]
-                    here = (pos.shard, start, pos.index)
+                    here = [pos.shard, start, pos.index]
                     pos.offset, pos.index = after, pos.index + 1
                     if skip:
                         skip -= 1
@@ -473,7 +474,7 @@ class WebDataset(IterableDataset):
             return
         raw = self._raw(shards, prog.pos, skip)
         size = self.shuffle_buffer
-        buf = prog.buffer
+        buf, held = prog.buffer, prog.held
         # Rounds: the first reads this worker's piece (`quota` samples); a later one reads on to
         # replace samples the transform skipped. A buffer is drained at the end of each round.
         while prog.done < quota:
@@ -487,20 +488,25 @@ class WebDataset(IterableDataset):
                 prog.rounds += 1
                 prog.round_left, prog.before, prog.draining = quota - prog.done, prog.done, False
             if prog.round_left:
-                item = next(raw)
+                sample, here = next(raw)
                 prog.round_left -= 1
                 if size > 1:
                     if len(buf) < size:
-                        buf.append(item)
+                        buf.append(sample)
+                        held.append(here)
                         continue
                     i = rng.randrange(size)
-                    buf[i], item = item, buf[i]
+                    buf[i], sample, held[i] = sample, buf[i], here
             else:
                 if not prog.draining:
-                    rng.shuffle(buf)
+                    order = list(range(len(buf)))
+                    rng.shuffle(order)
+                    buf[:] = [buf[j] for j in order]
+                    held[:] = [held[j] for j in order]
                     prog.draining = True
-                item = buf.pop(0)
-            ok, out = self._apply(item[0])
+                sample = buf.pop(0)
+                held.pop(0)
+            ok, out = self._apply(sample)
             if ok:
                 prog.done += 1
                 yield out
@@ -536,7 +542,7 @@ class WebDataset(IterableDataset):
                       "visits": pos.visits, "got": pos.got, "idle": pos.idle},
             round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
                    "mark": prog.mark, "draining": prog.draining},
-            buffer=[list(here) for _, here in prog.buffer], rng=rng)
+            buffer=prog.held[:], rng=rng)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -592,5 +598,6 @@ class WebDataset(IterableDataset):
             except Exception as exc:  # noqa: BLE001 - reported with the shard
                 raise SampleError(f"shard {url}: cannot re-read the shuffle buffer's sample at "
                                   f"byte {offset} on resume: {_reason(exc)}") from exc
-            prog.buffer.append((sample, (shard, offset, index)))
+            prog.buffer.append(sample)
+            prog.held.append([shard, offset, index])
         return prog
