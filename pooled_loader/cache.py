@@ -553,6 +553,9 @@ class _Build:
     def run(self, num_workers: int, progress: bool, chunk_size: int,
             mp_context: str | None) -> None:
         self._start()
+        if progress and self.done.any():
+            print(f"resuming {self.partial}: {int(self.done.sum()):,} of "
+                  f"{self.done.size:,} records already built", file=sys.stderr)
         todo = [(int(i), int(k)) for i, k in zip(*np.nonzero(~self.done))]
         tasks = [tuple(todo[s:s + chunk_size]) for s in range(0, len(todo), chunk_size)]
         builder = _BuildTasks(self.dataset, self.partial, self.seed, self.tree, self.jfd,
@@ -657,11 +660,13 @@ class _Build:
     # -- finish --
 
     def _finish(self) -> None:
-        kept = np.flatnonzero(self.done.all(axis=1))
-        lost = set(range(self.count)) - set(kept.tolist()) - set(self.skipped)
-        if lost:  # cannot happen: every task either journals its records or reports a failure
-            raise CacheError(f"building {self.path}: {len(lost)} samples were neither built nor "
-                             "skipped; run the build again")
+        complete = self.done.all(axis=1)
+        kept = np.flatnonzero(complete)
+        lost = ~complete
+        lost[list(self.skipped)] = False
+        if lost.any():  # cannot happen: every task either journals its records or reports a failure
+            raise CacheError(f"building {self.path}: {int(lost.sum())} samples were neither built "
+                             "nor skipped; run the build again")
         arrs, extra = self.arrs, {"source_count": self.count, "skipped": []}
         if self.skipped:
             arrs = {name: a[kept] for name, a in arrs.items()}
@@ -760,6 +765,8 @@ class CachedDataset:
     that dataset and transform. ``check_crc=True`` checks each record's crc32 when read.
     ``set_epoch(e)`` selects the variants of epoch ``e`` (see ``variant_for_epoch``); with
     ``persistent_workers`` call it before the workers start, as they keep their own copy.
+    A cache built with ``on_error="skip"`` numbers its samples densely: ``skipped`` lists what was
+    left out, ``source_indices`` maps each sample to its index in the source dataset.
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None, *,
