@@ -20,8 +20,9 @@ Counted mode (default, ``samples_per_epoch=None``):
    in that order is the epoch's stream, positions ``0 .. N-1``.
 3. Rank ``r`` of ``W`` owns positions ``[r*B, (r+1)*B)`` with ``B = N // W``. Inside a rank,
    worker ``k`` of ``K`` owns a contiguous piece of ``B // K`` positions (+1 for the first
-   ``B % K`` workers). A worker reads only the shards its piece overlaps, reading past the samples
-   before its piece in the first one (at most one shard re-read per worker per epoch).
+   ``B % K`` workers). A worker reads only the shards its piece overlaps; in the first one it
+   starts at its first sample's byte offset (found from the tar headers of a local shard; other
+   URLs read past the samples before it).
 4. Only the last ``N % W < W`` positions go unseen: an epoch covers ``W*B/N >= 1 - (W-1)/N`` of
    the samples, each at most once.
 5. If a sample or shard is skipped (``on_error="skip"``) or a shard is shorter than counted, the
@@ -127,6 +128,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def _not_a_sample_file(info: tarfile.TarInfo) -> bool:
+    """Members ``webdataset.tariterators.tar_file_iterator`` leaves out: not regular files, and
+    metadata (``__name__`` at the top level, or matching its ``skip_meta`` pattern)."""
+    name = info.name
+    return (not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__"))
+            or bool(_SKIP_META.match(name)))
+
+
 def _is_local_tar(url: str) -> bool:
     return "://" not in url and not url.startswith("pipe:") and url.endswith(".tar")
 
@@ -150,8 +159,7 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
         start: Optional[int] = None
         for info in tf:
             name = info.name
-            if not info.isreg() or ("/" not in name and name.startswith("__")
-                                    and name.endswith("__")) or _SKIP_META.match(name):
+            if _not_a_sample_file(info):
                 continue
             prefix, suffix = base_plus_ext(name)
             if prefix is None:
@@ -184,16 +192,33 @@ def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
             for info in tf:
                 if info.offset_data + info.size > size:
                     raise tarfile.ReadError(f"member {info.name!r} runs past the end of the file")
-                name = info.name
-                if not info.isreg() or ("/" not in name and name.startswith("__")
-                                        and name.endswith("__")) or _SKIP_META.match(name):
+                if _not_a_sample_file(info):
                     continue
-                prefix, _ = base_plus_ext(name)
+                prefix, _ = base_plus_ext(info.name)
                 if prefix is not None and prefix != last:
                     count, last = count + 1, prefix
     except (tarfile.TarError, OSError, EOFError) as exc:
         return max(count - 1, 0), _reason(exc)
     return count, None
+
+
+def _local_sample_offset(path: str, n: int) -> Optional[int]:
+    """Byte offset where sample ``n`` of a local tar begins, from its headers alone (the data
+    is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
+    count, last = 0, None
+    try:
+        with tarfile.open(path, mode="r:") as tf:
+            for info in tf:
+                if _not_a_sample_file(info):
+                    continue
+                prefix, _ = base_plus_ext(info.name)
+                if prefix is not None and prefix != last:
+                    if count == n:
+                        return info.offset
+                    count, last = count + 1, prefix
+    except (tarfile.TarError, OSError, EOFError):
+        pass
+    return None
 
 
 def count_samples(url: str) -> int:
@@ -472,6 +497,10 @@ class WebDataset(IterableDataset):
         self._progress = prog
         if quota == 0:
             return
+        if skip and _is_local_tar(shards[first]):  # start inside the first shard: seek there
+            offset = _local_sample_offset(shards[first], skip)
+            if offset is not None:
+                prog.pos.offset, prog.pos.index, skip = offset, skip, 0
         raw = self._raw(shards, prog.pos, skip)
         size = self.shuffle_buffer
         buf, held = prog.buffer, prog.held

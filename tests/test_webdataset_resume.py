@@ -247,3 +247,16 @@ def test_loader_resume_mid_shard_over_http_reads_no_consumed_shard(root, snapsho
         assert mine[0] == (names[pos["shard"]], pos["offset"])  # Range at the offset
         finished = set(names[:pos["shard"]])
         assert not finished & {n for n, _ in mine}, (finished, mine)
+
+
+def test_a_worker_starting_inside_a_local_shard_seeks_to_its_first_sample(root, monkeypatch):
+    """Counted mode: worker 1 of 2 starts at sample 15 of the stream (inside shard 1): it reads
+    shard 1 from that sample's offset, not from the start, and never opens shard 0."""
+    paths = [os.path.join(root, f"shard-{i:04d}.tar") for i in range(4)]
+    fake_worker(monkeypatch, 1, 2)
+    remote.IO_STATS["opens"].clear()
+    remote.IO_STATS["bytes"].clear()
+    ids = list(WebDataset(paths, transform=sample_id, shuffle_shards=False))
+    assert ids == list(range(15, 30))
+    assert remote.IO_STATS["opens"][paths[0]] == 0
+    assert 0 < remote.IO_STATS["bytes"][paths[1]] < os.path.getsize(paths[1]) / 2
