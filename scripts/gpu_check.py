@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU acceptance check for pinned slots and GPU staging (a CUDA machine; about a minute).
+"""GPU acceptance check for pinned slots and GPU staging (a CUDA machine; meant to take ~1 min).
 
     python scripts/gpu_check.py [--batches 30]
 
@@ -165,9 +165,9 @@ def check_bandwidth() -> None:
     dst = torch.empty(x.shape, dtype=x.dtype, device="cuda")
     pinned = torch.empty(x.shape, dtype=x.dtype).pin_memory()
     slot, plain = copy_ms(x, dst), copy_ms(pinned, dst)
-    gbs = x.numel() / 1e6
+    mb = x.numel() / 1e6  # MB per ms is GB/s
     report("slot H2D bandwidth >= 90% of a torch-pinned tensor", plain / slot >= 0.9,
-           f"slot {gbs / slot:.1f} GB/s, pinned {gbs / plain:.1f} GB/s ({plain / slot:.0%})")
+           f"slot {mb / slot:.1f} GB/s, pinned {mb / plain:.1f} GB/s ({plain / slot:.0%})")
 
 
 class ConsumerStreamBackend(CudaBackend):
@@ -214,8 +214,7 @@ def check_overlap() -> None:
     """The device stage alone: pinned host batches are already made, so the workers' speed does
     not enter; the copy is a large share of the step, so serialised copies cannot hide."""
     batch, distinct, steps = 512, 4, 40
-    ld = loader(batch * distinct, batch, Plain, WORKERS, pin_memory=True,
-                pool_slots=distinct + 2 * WORKERS + 2)
+    ld = loader(batch * distinct, batch, Plain, 2, pin_memory=True, pool_slots=distinct + 6)
     host = [(x, y) for x, y in ld]
     copy = copy_ms(host[0][0], torch.empty(host[0][0].shape, dtype=torch.uint8, device="cuda"))
     step, step_ms = make_step(2 * copy)
