@@ -66,7 +66,10 @@ def leaf_of(value: Any, numbers: bool | str = False) -> Leaf | None:
             torch_dtype = torch.from_numpy(np.asarray(value)).dtype
             return Leaf("tensor", (), str(torch_dtype).split(".")[1])
     if isinstance(value, torch.Tensor):
-        if value.dtype not in _TORCH_TO_NUMPY or value.is_sparse or value.is_nested:
+        # Subclasses (and layouts the pool cannot hold) stay objects: they travel DataLoader's
+        # way and keep their type.
+        if (type(value) is not torch.Tensor or value.dtype not in _TORCH_TO_NUMPY
+                or value.is_sparse or value.is_nested):
             return None
         return Leaf("tensor", tuple(value.shape), str(value.dtype).split(".")[1])
     if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
@@ -141,6 +144,26 @@ def collated_spec(spec: tuple) -> tuple:
     if tag == "seq":
         return ("seq", list if spec[1] is tuple else spec[1], [collated_spec(c) for c in spec[2]])
     return spec
+
+
+def metas_in_sequences(spec: tuple) -> list[bool]:
+    """For each meta of `spec`, in order: whether it sits directly in a list, tuple or namedtuple.
+    default_collate gathers such a meta's batch as a tuple (it transposes with zip), and the batch
+    of a meta in a dict or at the top as a list."""
+    found: list[bool] = []
+
+    def walk(node: tuple, in_sequence: bool) -> None:
+        tag = node[0]
+        if tag == "meta":
+            found.append(in_sequence)
+        elif tag == "map":
+            for child in node[3]:
+                walk(child, False)
+        elif tag in ("seq", "namedtuple"):
+            for child in node[-1]:
+                walk(child, True)
+    walk(spec, False)
+    return found
 
 
 def same_structure(a: tuple, b: tuple) -> bool:

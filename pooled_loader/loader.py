@@ -7,6 +7,7 @@ and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is o
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -17,21 +18,26 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+import torch.distributed as dist
+from torch._utils import ExceptionWrapper
+from torch.utils.data import DataLoader, IterableDataset, IterDataPipe, MapDataPipe
+from torch.utils.data import dataloader as torch_dataloader
+from torch.utils.data.graph_settings import apply_sharding
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .constants import BOTTLENECK_WAIT_SHARE, FIRST_SLOT_BYTES, default_pool_slots
 from .errors import WorkerError
 from .layout import unflatten
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
-                       SetEpoch, Slot, StartupError, Task)
+                       SetEpoch, Slot, Task)
 from .pool import ArenaMap, SlotPool, SlotRef
-from .worker import BatchMaker, SampleFailure, WorkerConfig, worker_loop
+from .worker import BatchMaker, SampleFailure, WorkerConfig, seed_datapipe, worker_loop
 
 log = logging.getLogger("pooled_loader")
+T_co = TypeVar("T_co", covariant=True)
 
 GROW_WARNING = (
     "PooledLoader: every slot of the pool is in use ({slots} slots): batches are being kept "
@@ -46,6 +52,7 @@ class _Worker:
     process: Any
     conn: Any
     active: bool = True  # False once an iterable dataset's worker is exhausted
+    outstanding: int = 0  # tasks sent and not answered yet (in_order=False balances on this)
 
 
 def describe_exit(worker_id: int, pid: int | None, exitcode: int | None) -> str:
@@ -78,8 +85,10 @@ def timeout_message(timeout: float) -> str:
             "indefinitely)")
 
 
-def _shutdown(workers: list[_Worker], lifeline: Any) -> None:
+def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = None) -> None:
     """Stop worker processes: ask politely, then terminate, then kill. Never hangs."""
+    if owner_pid is not None and owner_pid != os.getpid():
+        return  # a forked child collected its copy of the iterator: the workers are not its own
     for w in workers:
         try:
             w.conn.send(None)
@@ -114,16 +123,15 @@ def _forget_arena_hook(workers: list[_Worker]) -> Callable:
     return hook
 
 
-def _reraise(info: ErrorInfo, where: str) -> None:
-    """Raise a worker's exception in the main process, with its worker, sample and traceback."""
-    sample = "" if info.index is None else f", sample index {info.index!r}"
-    full = (f"Caught {info.exc_type.__name__} in PooledLoader worker {info.worker_id}{sample} "
-            f"{where}.\nOriginal {info.traceback}")
-    try:
-        exc = info.exc_type(full)
-    except Exception:  # noqa: BLE001 - a type that cannot be built from one message
-        exc = RuntimeError(full)
-    raise exc from None
+def _reraise(info: ErrorInfo) -> None:
+    """Raise a worker's exception in the main process as DataLoader does (same type, same
+    "Caught X in DataLoader worker process N." first line, torch's own KeyError and `message=`
+    handling), with the sample index after the original traceback."""
+    sample = "" if info.index is None else f", while loading sample index {info.index!r}"
+    wrapper = ExceptionWrapper((info.exc_type, None, None),
+                               where=f"in DataLoader worker process {info.worker_id}")
+    wrapper.exc_msg = f"{info.traceback}(raised in PooledLoader worker {info.worker_id}{sample})"
+    wrapper.reraise()
 
 
 class LoaderStats:
@@ -146,7 +154,7 @@ class LoaderStats:
                 log.warning("PooledLoader skipped sample %r: %s", index, reason)
 
 
-class PooledLoader(DataLoader):
+class PooledLoader(DataLoader[T_co], Generic[T_co]):
     """Drop-in `torch.utils.data.DataLoader` whose workers write batches into recycled slots of
     one shared-memory pool.
 
@@ -351,14 +359,17 @@ class _IterBase:
         self._stats = loader._stats
         self._iterable = isinstance(loader.dataset, IterableDataset)
         self._index_sampler = loader._index_sampler
-        self._len = None
-        try:
-            self._len = len(loader)
-        except TypeError:
-            pass
         self._last_yield: float | None = None
-        # Sampler first, then the base seed, as DataLoader does (even without workers), so a
-        # seeded generator gives DataLoader's exact shuffle order.
+        self._dataset = loader.dataset
+        self._num_workers = loader.num_workers
+        self._reset_length_check(loader)
+        # A datapipe's shared seed, then the sampler, then the base seed, as DataLoader does
+        # (even without workers), so a seeded generator gives DataLoader's exact shuffle order.
+        self._datapipe_group = None
+        if isinstance(loader.dataset, IterDataPipe) and dist.is_available() \
+                and dist.is_initialized():
+            self._datapipe_group = dist.new_group(backend="gloo")
+        self._shared_seed = self._seed_datapipe(loader)
         self._sampler_iter = None if self._iterable else iter(self._index_sampler)
         self._seed = _base_seed(loader)
         if loader.pin_memory and not torch.cuda.is_available():
@@ -368,10 +379,41 @@ class _IterBase:
     def __iter__(self) -> "_IterBase":
         return self
 
+    def _seed_datapipe(self, loader: PooledLoader) -> int | None:
+        """A new shared seed for a datapipe graph (broadcast from rank 0), applied here; workers
+        apply it to their copies. None for other datasets."""
+        if not isinstance(loader.dataset, IterDataPipe):
+            return None
+        seed = torch_dataloader._share_dist_seed(loader.generator, self._datapipe_group)
+        seed_datapipe(loader.dataset, seed)
+        return seed
+
+    def __getstate__(self) -> Any:
+        raise NotImplementedError("{} cannot be pickled", self.__class__.__name__)  # as torch's
+
+    def _reset_length_check(self, loader: PooledLoader) -> None:
+        """DataLoader remembers len(dataset) if len(loader) was asked for (an iterable dataset's
+        `__len__`), and warns on every batch beyond it."""
+        self._num_yielded = 0
+        self._len_called = loader._IterableDataset_len_called
+
+    def _check_length(self) -> None:
+        self._num_yielded += 1
+        if self._iterable and self._len_called is not None \
+                and self._num_yielded > self._len_called:
+            message = (f"Length of IterableDataset {self._dataset} was reported to be "
+                       f"{self._len_called}(when accessing len(dataloader)), but "
+                       f"{self._num_yielded} samples have been fetched. ")
+            if self._num_workers > 0:
+                message += ("For multiprocessing data-loading, this could be caused by not "
+                            "properly configuring the IterableDataset replica at each worker. "
+                            "Please see https://pytorch.org/docs/stable/data.html"
+                            "#torch.utils.data.IterableDataset for examples.")
+            warnings.warn(message, stacklevel=3)
+
     def __len__(self) -> int:
-        if self._len is None:
-            raise TypeError("this loader's dataset has no len()")
-        return self._len
+        # torch's answer: never len(loader), whose call on an iterable dataset arms the warning
+        return len(self._index_sampler)
 
     def _build(self, layout: BatchLayout) -> Any:
         """The batch a worker built, as zero-copy views of its slot."""
@@ -429,6 +471,9 @@ class _InProcessIter(_IterBase):
 
         cfg = _worker_config(loader, self._iterable, self._seed, worker_init_fn=None,
                              start_method="none")
+        if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):  # shard by rank, as DataLoader
+            world_size, rank = torch_dataloader._get_distributed_settings()
+            apply_sharding(loader.dataset, world_size, rank)
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
         self._maker.reset_iterator()
         self._task = 0
@@ -460,6 +505,7 @@ class _InProcessIter(_IterBase):
             raise StopIteration
         batch = self._build(result)
         self._mark_wait(started)
+        self._check_length()
         return batch
 
 
@@ -474,9 +520,16 @@ class _WorkerIter(_IterBase):
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
         self._ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        worker_init_fn = loader.worker_init_fn
+        if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):
+            # DataLoader's own wrapper: shard the graph by rank and worker, then the user's init
+            world_size, rank = torch_dataloader._get_distributed_settings()
+            worker_init_fn = functools.partial(torch_dataloader._sharding_worker_init_fn,
+                                               worker_init_fn, world_size, rank)
         self._cfg = _worker_config(loader, self._iterable, self._seed,
-                                   worker_init_fn=loader.worker_init_fn,
+                                   worker_init_fn=worker_init_fn,
                                    start_method=self._ctx.get_start_method())
+        self._cfg.shared_seed = self._shared_seed
         self._epoch = 0
         self._start_workers()
 
@@ -505,7 +558,7 @@ class _WorkerIter(_IterBase):
         self._workers = [w.process for w in workers]
         self._lifeline = lifeline_w
         self._broken = False
-        self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w)
+        self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w, os.getpid())
         self._retire_hook = _forget_arena_hook(workers)
         self._pool.on_retire_arena.append(self._retire_hook)
         self._next_task = 0
@@ -520,6 +573,7 @@ class _WorkerIter(_IterBase):
         self._cycle = itertools.cycle(self._worker_states)
         for w in self._worker_states:
             w.active = True
+            w.outstanding = 0
 
     def _stop(self) -> None:
         if hasattr(self, "_worker_states"):
@@ -541,6 +595,8 @@ class _WorkerIter(_IterBase):
     def _reset(self, loader: PooledLoader) -> None:
         """A new epoch on persistent workers (called by DataLoader.__iter__)."""
         self._sampler_iter = None if self._iterable else iter(loader._index_sampler)
+        self._reset_length_check(loader)
+        self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(loader)
         if self._broken or any(not p.is_alive() for p in self._workers):
             self._stop()
             self._start_workers()
@@ -553,16 +609,22 @@ class _WorkerIter(_IterBase):
             if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
                 w.conn.send(SetEpoch(epoch=loader._epoch))
             if self._iterable:
-                w.conn.send(Reset())
+                w.conn.send(Reset(shared_seed=self._shared_seed))
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
-        active = [w for w in self._worker_states if w.active]
-        while (active and not self._sampler_done
-               and len(self._tasks) + len(self._ready) < self._prefetch * len(active)):
-            worker = next(self._cycle)
-            while not worker.active:
+        """DataLoader's dispatch: at most prefetch_factor * num_workers batches in flight or
+        waiting, workers in turn; with in_order=False a worker already holding its share
+        (in flight / active workers) is passed over, so a slow one does not gather tasks."""
+        limit = self._prefetch * self._num_workers
+        while not self._sampler_done and len(self._tasks) + len(self._ready) < limit:
+            active = sum(w.active for w in self._worker_states)
+            for _ in range(self._num_workers):
                 worker = next(self._cycle)
+                if worker.active and (self._in_order or worker.outstanding < limit // active):
+                    break
+            else:
+                return  # no active worker (or none with room)
             payload = None
             if not self._iterable:
                 try:
@@ -574,9 +636,10 @@ class _WorkerIter(_IterBase):
             task_id = self._next_task
             self._next_task += 1
             self._tasks[task_id] = (worker, ref)
+            worker.outstanding += 1
             worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload, ref=ref))
 
-    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | StartupError) -> None:
+    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot) -> None:
         if type(msg) is NeedSlot:
             self._pool.release(msg.old)
             ref = self._pool.acquire(msg.nbytes)
@@ -586,15 +649,12 @@ class _WorkerIter(_IterBase):
                 self._stale[msg.task_id] = (worker, ref)
             worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
             return
-        if type(msg) is StartupError:
-            self._broken = True
-            self._stop()
-            _reraise(msg.error, "while starting (worker_init_fn or iter(dataset))")
         if msg.epoch != self._epoch or msg.task_id not in self._tasks:  # an abandoned epoch's
             self._stale.pop(msg.task_id, None)
             self._pool.release(msg.batch.ref if type(msg) is Done else msg.ref)
             return
         self._tasks.pop(msg.task_id)
+        worker.outstanding -= 1
         if type(msg) is Done:
             self._stats.record_skips(msg.skipped)
             self._stats.worker_busy_s[worker.id] += msg.busy_s
@@ -647,9 +707,10 @@ class _WorkerIter(_IterBase):
                 if type(answer) is End:
                     continue
                 if type(answer) is Failed:
-                    _reraise(answer.error, "while loading a batch")
+                    _reraise(answer.error)
                 batch = self._build(answer.batch)
                 self._mark_wait(started)
+                self._check_length()
                 return batch
             if not self._tasks and (self._sampler_done or not any(
                     w.active for w in self._worker_states)):

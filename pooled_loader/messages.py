@@ -14,9 +14,9 @@ Main process -> worker (sent by `loader._WorkerIter`, answered by `worker.worker
 Worker -> main process (sent by `worker.worker_loop`, handled by `loader._WorkerIter._handle`):
     Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
     End           an iterable dataset is exhausted; the task's slot is unused
-    Failed        building the batch raised
+    Failed        building the batch raised (or, as in DataLoader, worker_init_fn or
+                  iter(dataset) did: then every task of that worker is answered so)
     NeedSlot      the batch does not fit its slot: asks for a bigger one, answered by Slot
-    StartupError  worker_init_fn or iter(dataset) raised; the worker has returned
 """
 from __future__ import annotations
 
@@ -86,6 +86,8 @@ class Forget:
 class Reset:
     """Start the iterable dataset's iterator afresh (persistent workers, next epoch)."""
 
+    shared_seed: int | None = None  # the new epoch's seed for a datapipe graph (DataLoader's)
+
 
 @dataclass(**_MESSAGE)
 class SetEpoch:
@@ -133,10 +135,3 @@ class NeedSlot:
     task_id: int
     nbytes: int
     old: SlotRef
-
-
-@dataclass(**_MESSAGE)
-class StartupError:
-    """worker_init_fn or iter(dataset) raised before any task; the worker has returned."""
-
-    error: ErrorInfo

@@ -22,12 +22,15 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 from torch.utils.data._utils import worker as torch_worker
+from torch.utils.data import IterDataPipe
+from torch.utils.data._utils.collate import default_collate
+from torch.utils.data.graph_settings import apply_random_seed
 
 from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
-                     flatten, leaf_of, place, same_structure)
+                     flatten, leaf_of, metas_in_sequences, place, same_structure)
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
-                       SetEpoch, Slot, StartupError, Task)
+                       SetEpoch, Slot, Task)
 from .pool import ArenaMap, SlotRef
 
 MAX_REPLACEMENTS = 16
@@ -49,6 +52,7 @@ class WorkerConfig:
     on_error: str
     start_method: str
     close_in_child: list[int] = field(default_factory=list)
+    shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
 
 
 class _Rows(NamedTuple):
@@ -272,8 +276,8 @@ class BatchMaker:
             for j, s_arrays in enumerate(pending):
                 self._write_row(rows, j, s_arrays)
         return BatchLayout(ref=ref, spec=collated_spec(spec),
-                           leaves=list(zip(rows.leaves, rows.offsets)), metas=meta_columns,
-                           num_samples=batch)
+                           leaves=list(zip(rows.leaves, rows.offsets)),
+                           metas=_collate_metas(spec, meta_columns), num_samples=batch)
 
     @staticmethod
     def _write_row(rows: _Rows, j: int, arrays: list, checks: list | None = None) -> None:
@@ -289,6 +293,14 @@ class BatchMaker:
             if value.__array_interface__["data"][0] == dst.__array_interface__["data"][0]:
                 continue  # written in place by getitem_into
             np.copyto(dst, value, casting="no")
+
+
+def _collate_metas(spec: tuple, columns: list[list]) -> list:
+    """default_collate of what the pool does not hold (strings, tensor subclasses, nested
+    tensors, ...), column by column, exactly as DataLoader does it: same results, same errors."""
+    in_sequence = metas_in_sequences(spec)
+    return [default_collate(tuple(column) if seq else column)
+            for column, seq in zip(columns, in_sequence)]
 
 
 def _leaf_check(first: Any, leaf: Leaf) -> Callable[[Any], np.ndarray]:
@@ -339,6 +351,16 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     except ImportError:  # older/newer torch without it: an equivalent independent stream
         np.random.seed(np.random.SeedSequence([worker_id, base_seed]).generate_state(4))
     return seed
+
+
+def seed_datapipe(dataset: Any, shared_seed: int | None) -> None:
+    """Seed the random datapipes of a graph (e.g. Shuffler) from DataLoader's shared seed, as
+    DataLoader does in the main process and in every worker; nothing for other datasets."""
+    if shared_seed is None or not isinstance(dataset, IterDataPipe):
+        return
+    rng = torch.Generator()
+    rng.manual_seed(shared_seed)
+    apply_random_seed(dataset, rng)
 
 
 def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
@@ -392,6 +414,7 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
         _exit_with_parent()
     torch.set_num_threads(1)
     seed = seed_worker(cfg.base_seed, worker_id)
+    seed_datapipe(cfg.dataset, cfg.shared_seed)
     set_worker_info(worker_id, cfg.num_workers, seed, cfg.dataset)
     pending: collections.deque = collections.deque()
 
@@ -414,22 +437,36 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
             pending.append(msg)
 
     maker = BatchMaker(cfg, ArenaMap(), request_slot)
+    # As in DataLoader, a failed worker_init_fn or iter(dataset) is this worker's answer to its
+    # tasks (so the main process raises it in task order); a failed iter() is retried each epoch.
+    initialised = False
+    start_error = None
     try:
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(worker_id)
+        initialised = True
         maker.reset_iterator()
     except Exception as exc:  # noqa: BLE001 - reported to the main process
-        conn.send(StartupError(error=error_message(worker_id, exc, None)))
-        return
+        start_error = error_message(worker_id, exc, None)
     try:
         while True:
             msg = receive()
             if msg is None:
                 break
             if type(msg) is Task:
-                conn.send(_answer(maker, worker_id, msg))
+                if start_error is not None:
+                    conn.send(Failed(task_id=msg.task_id, epoch=msg.epoch, error=start_error,
+                                     ref=msg.ref, skipped=[]))
+                else:
+                    conn.send(_answer(maker, worker_id, msg))
             elif type(msg) is Reset:
-                maker.reset_iterator()
+                seed_datapipe(cfg.dataset, msg.shared_seed)
+                if initialised:  # iter(dataset) is retried each epoch, worker_init_fn is not
+                    try:
+                        maker.reset_iterator()
+                        start_error = None
+                    except Exception as exc:  # noqa: BLE001 - reported to the main process
+                        start_error = error_message(worker_id, exc, None)
             elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
                 if callable(setter):
