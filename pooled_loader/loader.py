@@ -124,13 +124,14 @@ def _forget_arena_hook(workers: list[_Worker]) -> Callable:
 
 
 def _reraise(info: ErrorInfo) -> None:
-    """Raise a worker's exception in the main process as DataLoader does (same type, same
-    "Caught X in DataLoader worker process N." first line, torch's own KeyError and `message=`
-    handling), with the sample index after the original traceback."""
-    sample = "" if info.index is None else f", while loading sample index {info.index!r}"
-    wrapper = ExceptionWrapper((info.exc_type, None, None),
-                               where=f"in DataLoader worker process {info.worker_id}")
-    wrapper.exc_msg = f"{info.traceback}(raised in PooledLoader worker {info.worker_id}{sample})"
+    """Raise a worker's exception in the main process as DataLoader does: same type, torch's own
+    words and KeyError/`message=` handling; the first line ("Caught X in DataLoader worker process
+    N.") and the last (the original error) are torch's, the sample index comes on a line between."""
+    where = f"in DataLoader worker process {info.worker_id}"
+    if info.index is not None:
+        where += f".\nPooledLoader: raised while loading sample index {info.index!r}"
+    wrapper = ExceptionWrapper((info.exc_type, None, None), where=where)
+    wrapper.exc_msg = info.traceback
     wrapper.reraise()
 
 
@@ -591,6 +592,10 @@ class _WorkerIter(_IterBase):
             if type(answer) is Done:
                 self._pool.release(answer.batch.ref)
         self._ready.clear()
+
+    def _shutdown_workers(self) -> None:
+        """DataLoader's iterator's name for stopping its workers (torch's tests call it)."""
+        self._stop()
 
     def _reset(self, loader: PooledLoader) -> None:
         """A new epoch on persistent workers (called by DataLoader.__iter__)."""
