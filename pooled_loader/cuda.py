@@ -21,16 +21,18 @@ The rule for pin-only mode (`pin_memory=True`, you copy the batches yourself):
   (call `torch.cuda.set_device(rank)` first, as DDP scripts do).
 - A copy on the current stream of that device is covered:
   `for x, y in loader: x = x.to("cuda", non_blocking=True)`.
-- A copy on another stream (`with torch.cuda.stream(s):`) or to another device is covered only if
-  the batch is dropped inside that stream's block, or if you name the stream, as with
-  `Tensor.record_stream` for device memory:
+- A copy on another stream of that device (`with torch.cuda.stream(s):`) is covered if the batch
+  is dropped inside the block (that stream is then the current one).
+- Otherwise, and for any copy to another device, name the stream, as with `Tensor.record_stream`
+  for device memory:
 
       for x, y in loader:
           with torch.cuda.stream(s):
               xg = x.to("cuda", non_blocking=True)
           record_stream(x, s)        # x is dropped at the next step, outside the block
 
-  `torch.cuda.current_stream().wait_stream(s)` before dropping the batch covers it too.
+  Making the pool device's current stream wait for `s` (`wait_stream`) before dropping the batch
+  covers it too.
 
 Device stage (`DeviceIter`, `device="cuda..."`)
 - Batches go to the GPU by `non_blocking` copies on the loader's copy stream: one stream per loader
