@@ -12,6 +12,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 import warnings
@@ -43,6 +44,11 @@ GROW_WARNING = (
     "PooledLoader: every slot of the pool is in use ({slots} slots): batches are being kept "
     "(or not yet freed) by the training loop, so the pool grows. Nothing is overwritten; to size "
     "the pool up front, pass pool_slots= (num_workers * prefetch_factor + batches you keep).")
+PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork').")
 SHUTDOWN_TIMEOUT_S = 2.0  # workers hold no locks: terminating after this is safe
 
 
@@ -373,6 +379,10 @@ class _IterBase:
         self._shared_seed = self._seed_datapipe(loader)
         self._sampler_iter = None if self._iterable else iter(self._index_sampler)
         self._seed = _base_seed(loader)
+        if loader.pin_memory and loader.pin_memory_device:
+            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
+                          f"as the device,ignore pin_memory_device='{loader.pin_memory_device}'.",
+                          stacklevel=3)  # torch's words, missing space included
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=3)
@@ -545,7 +555,11 @@ class _WorkerIter(_IterBase):
                 self._cfg.close_in_child.append(parent.fileno())
                 proc = self._ctx.Process(target=worker_loop, args=(self._cfg, wid, child,
                                                                    lifeline_r), daemon=True)
-                proc.start()
+                try:
+                    proc.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    warnings.warn(PICKLE_WARNING, stacklevel=4)
+                    raise
                 child.close()
                 self._cfg.close_in_child.remove(parent.fileno())
                 workers.append(_Worker(wid, proc, parent))

@@ -394,3 +394,43 @@ def test_shutdown_workers_stops_the_workers_as_on_dataloaders_iterator():
         for w in workers:
             w.join(20)
             assert not w.is_alive(), cls
+
+
+# -- warnings DataLoader gives when an epoch starts ----------------------------------------------
+class _Unpicklable(Dataset):
+    def __init__(self):
+        self.transform = lambda x: x  # spawn cannot pickle a lambda
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_a_dataset_spawn_cannot_pickle_warns_and_raises_as_dataloader():
+    caught = {}
+    for cls in LOADERS:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception) as info:
+                next(iter(cls(_Unpicklable(), num_workers=1, multiprocessing_context="spawn")))
+        caught[cls] = (type(info.value), [str(w.message) for w in seen
+                                          if "pickle error" in str(w.message)])
+    assert caught[PooledLoader] == caught[DataLoader]
+    assert len(caught[DataLoader][1]) == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pin_memory_warnings_are_dataloaders(num_workers):
+    if torch.cuda.is_available():
+        pytest.skip("the warnings are about a machine without an accelerator")
+    seen = {}
+    for cls in LOADERS:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(cls(list(range(4)), num_workers=num_workers, pin_memory=True,
+                     pin_memory_device="cuda"))
+        seen[cls] = [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+    assert seen[PooledLoader] == seen[DataLoader]
+    assert len(seen[DataLoader]) == 2
