@@ -65,9 +65,9 @@ from .cache_format import (
     DATA_START, FORMAT_VERSION, JOURNAL_HEADER_MAX, JOURNAL_VERSION, PREAMBLE_SIZE,
     STATE_BUILDING, STATE_COMPLETE, VAR_KINDS, CacheError, CacheFormatError,
     CacheIncompleteError, CacheMismatchError, CacheRecordError, CacheSampleError, align,
-    apply_entries, entry_dtype, flatten, header_bytes, index_arrays, infer_layout,
-    infer_layout_from_tree, leaf_to_array, make_unflatten, out_leaves, pack_journal_header,
-    pack_preamble, pwrite_all, read_header, reserve, unpack_journal_header,
+    apply_entries, entry_dtype, header_bytes, index_arrays, infer_layout,
+    infer_layout_from_tree, leaf_to_array, leaf_values, make_unflatten, out_leaves,
+    pack_journal_header, pack_preamble, pwrite_all, read_header, reserve, unpack_journal_header,
 )
 from ._cli import one_line
 from .errors import SampleError, WorkerError
@@ -294,7 +294,7 @@ class _BuildTasks:
                 continue
             if self._tree is None:
                 self._set_layout(infer_layout(sample)[0])
-            values = flatten(sample, self._tree, f"dataset[{i}]")
+            values = leaf_values(sample, self._tree, f"dataset[{i}]")
             if rows is None:
                 rows = np.zeros(len(pairs), self._dtype)
             _write_record(self._fd, rows[written:written + 1], i, k,

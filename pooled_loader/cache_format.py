@@ -230,7 +230,7 @@ def leaf_to_array(x: Any, leaf: dict) -> np.ndarray:
     return a
 
 
-def flatten(sample: Any, tree: dict, where: str = "sample") -> list:
+def leaf_values(sample: Any, tree: dict, where: str = "sample") -> list:
     """Leaf values of ``sample`` in layout order; TypeError when it does not fit ``tree``."""
     out: list = []
 

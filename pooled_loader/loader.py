@@ -29,7 +29,8 @@ from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data.graph_settings import apply_sharding
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from .constants import BOTTLENECK_WAIT_SHARE, FIRST_SLOT_BYTES, default_pool_slots
+from .constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES,
+                        default_pool_slots)
 from .errors import WorkerError
 from .layout import unflatten
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
@@ -319,7 +320,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             backend = backend_for(self)
             pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda
             if on_cuda:
-                return DeviceIter(it, self.device, depth=self.prefetch_factor or 2,
+                depth = self.prefetch_factor or DEFAULT_PREFETCH_FACTOR
+                return DeviceIter(it, self.device, depth=depth,
                                   transform=self.device_transform, backend=backend)
         if self.device_transform is not None:
             return _HostTransformIter(it, self.device_transform)
@@ -526,7 +528,7 @@ class _WorkerIter(_IterBase):
     def __init__(self, loader: PooledLoader) -> None:
         super().__init__(loader)
         self._num_workers = loader.num_workers
-        self._prefetch = loader.prefetch_factor or 2
+        self._prefetch = loader.prefetch_factor or DEFAULT_PREFETCH_FACTOR
         self._timeout = loader.timeout
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers

@@ -211,7 +211,7 @@ def test_cache_layout_json_is_unchanged():
 
 
 def test_a_stored_cache_layout_rebuilds_samples_with_plain_containers():
-    values = cache_format.flatten(CACHE_SAMPLE, CACHE_LAYOUT)
+    values = cache_format.leaf_values(CACHE_SAMPLE, CACHE_LAYOUT)
     back = cache_format.make_unflatten(CACHE_LAYOUT)(values)
     expected = {**CACHE_SAMPLE, "p": ([1, 2], (np.int64(3),))}  # a namedtuple is stored as a tuple
     _same(back, expected)
@@ -232,7 +232,7 @@ def test_a_stored_cache_layout_rebuilds_samples_with_plain_containers():
 ])
 def test_a_sample_that_does_not_fit_the_cache_layout_is_named_with_its_path(sample, message):
     with pytest.raises(TypeError) as info:
-        cache_format.flatten(sample, CACHE_LAYOUT, "dataset[7]")
+        cache_format.leaf_values(sample, CACHE_LAYOUT, "dataset[7]")
     assert str(info.value) == message
 
 
