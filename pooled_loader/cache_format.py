@@ -52,7 +52,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -176,15 +176,29 @@ def _to_json(spec: Any) -> dict:
     return {"t": t, "items": [_to_json(c) for c in spec[2]]}
 
 
-def _spec(tree: dict) -> Any:
-    """The trees.py spec of a JSON layout tree (its leaf nodes are the JSON leaf dicts)."""
+def _spec(tree: dict, leaf: Callable[[dict], Any] = lambda node: node) -> Any:
+    """The trees.py spec of a JSON layout tree; its leaf nodes are ``leaf(JSON leaf dict)``."""
     t = tree["t"]
     if t == "leaf":
-        return tree
-    children = [_spec(n) for n in tree["items"]]
+        return leaf(tree)
+    children = [_spec(n, leaf) for n in tree["items"]]
     if t == "dict":
         return (trees.MAP, dict, tree["keys"], children)
     return (trees.SEQ, tuple if t == "tuple" else list, children)
+
+
+_last_spec: tuple = (None, None)  # (JSON tree, its spec): a reader passes the same tree each time
+
+
+def _spec_of(tree: dict) -> Any:
+    """``_spec(tree)``, remembered for the last tree (layout trees are never modified)."""
+    global _last_spec
+    last = _last_spec
+    if last[0] is tree:
+        return last[1]
+    spec = _spec(tree)
+    _last_spec = (tree, spec)
+    return spec
 
 
 def _leaf_kind(x: Any) -> dict:
@@ -242,7 +256,7 @@ def leaf_values(sample: Any, tree: dict, where: str = "sample") -> list:
         out.append(x)
 
     try:
-        trees.flatten_as(_spec(tree), sample, leaf, ordered_keys=True)
+        trees.flatten_as(_spec_of(tree), sample, leaf, ordered_keys=True)
     except trees.Mismatch as e:
         at = where + "".join(f"[{k!r}]" for k in e.path)
         raise TypeError(f"{at}: {e.detail or _expected(e.node, e.value)}") from None
@@ -274,14 +288,14 @@ def _leaf_desc(leaf: dict) -> str:
 
 def make_unflatten(tree: dict):
     """A function ``values -> sample`` rebuilding the tree from leaf values."""
-    spec = _spec(tree)
-    return lambda values: trees.unflatten(spec, lambda node: values[node["id"]])
+    spec = _spec(tree, lambda node: node["id"])  # leaf nodes: the index of the leaf's value
+    return lambda values: trees.unflatten(spec, values.__getitem__)
 
 
 def out_leaves(out: Any, tree: dict) -> list:
     """Leaves of a ``getitem_into`` ``out`` tree in layout order (``None`` where it has none)."""
     res: list = []
-    trees.flatten_as(_spec(tree), out, lambda node, x: res.append(
+    trees.flatten_as(_spec_of(tree), out, lambda node, x: res.append(
         x if isinstance(x, np.ndarray) else None), lenient=True)
     return res
 

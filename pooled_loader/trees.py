@@ -112,48 +112,61 @@ def flatten_as(spec: Any, tree: Any, leaf: Callable[[Any, Any], None], *,
     gets the path added. With `lenient`, the containers are not checked: a missing or mistyped part
     of the tree gives None for every leaf below it.
     """
-    _walk_as(spec, tree, leaf, ordered_keys, lenient)
+    if lenient:
+        _walk_lenient(spec, tree, leaf)
+    else:
+        _walk_strict(spec, tree, leaf, ordered_keys)
 
 
-_EMPTY: dict = {}
+# The two walks below run once per sample in the workers, so they test "is this a container
+# node" inline (type, then tag) and call `leaf` from the parent's loop rather than recursing into
+# leaves; one try per container records the path on the way out of a Mismatch.
 
-
-def _walk_as(node: Any, x: Any, leaf: Callable[[Any, Any], None], ordered_keys: bool,
-             lenient: bool) -> None:
-    # Runs once per sample in the workers: no per-node helper calls, one try per container.
+def _walk_strict(node: Any, x: Any, leaf: Callable[[Any, Any], None], ordered_keys: bool) -> None:
     if type(node) is not tuple or not node or node[0] not in _CONTAINER_TAGS:
         leaf(node, x)
         return
     if node[0] == MAP:
         keys, children = node[2], node[3]
-        if lenient:
-            x = x if isinstance(x, Mapping) else _EMPTY
-        elif not isinstance(x, Mapping) or len(x) != len(keys) or (
+        if not (type(x) is dict or isinstance(x, Mapping)) or len(x) != len(keys) or (
                 ordered_keys and list(x) != keys):
             raise Mismatch(node, x)
-        key = None
-        try:
-            for key, child in zip(keys, children):
-                _walk_as(child, x.get(key) if lenient else x[key], leaf, ordered_keys, lenient)
-        except KeyError:
-            raise Mismatch(node, x) from None
-        except Mismatch as e:
-            e.path.insert(0, key)
-            raise
-        return
-    children = node[-1]
-    if lenient:
-        x = x if isinstance(x, (list, tuple)) else ()
-        n = len(x)
-    elif not isinstance(x, (list, tuple)) or len(x) != len(children):
-        raise Mismatch(node, x)
-    i = 0
+        at: Any = keys
+    else:
+        children = node[-1]
+        if not isinstance(x, (list, tuple)) or len(x) != len(children):
+            raise Mismatch(node, x)
+        at = range(len(children))
+    key = None
     try:
-        for i, child in enumerate(children):
-            _walk_as(child, x[i] if not lenient or i < n else None, leaf, ordered_keys, lenient)
+        for key, child in zip(at, children):
+            value = x[key]
+            if type(child) is tuple and child and child[0] in _CONTAINER_TAGS:
+                _walk_strict(child, value, leaf, ordered_keys)
+            else:
+                leaf(child, value)
+    except KeyError:
+        raise Mismatch(node, x) from None
     except Mismatch as e:
-        e.path.insert(0, i)
+        e.path.insert(0, key)
         raise
+
+
+_EMPTY: dict = {}
+
+
+def _walk_lenient(node: Any, x: Any, leaf: Callable[[Any, Any], None]) -> None:
+    if type(node) is not tuple or not node or node[0] not in _CONTAINER_TAGS:
+        leaf(node, x)
+        return
+    if node[0] == MAP:
+        x = x if isinstance(x, Mapping) else _EMPTY
+        for key, child in zip(node[2], node[3]):
+            _walk_lenient(child, x.get(key), leaf)
+        return
+    x = x if isinstance(x, (list, tuple)) else ()
+    for i, child in enumerate(node[-1]):
+        _walk_lenient(child, x[i] if i < len(x) else None, leaf)
 
 
 def map_leaves(tree: Any, fn: Callable[[Any], Any], is_leaf: Callable[[Any], bool]) -> Any:
