@@ -17,10 +17,10 @@ device placement, RNG synchronisation, ``end_of_dataloader`` for gradient accumu
 ``skip_first_batches``. ``isinstance(prepared, PooledLoader)`` holds and ``prepared.stats()``
 works.
 
-It is applied automatically when a ``PooledLoader`` is constructed after ``accelerate`` was
-imported (the usual order: ``Accelerator()`` first). Otherwise call it once, before ``prepare``::
-
-    pooled_loader.integrations.patch_accelerate()
+It is applied automatically, whatever the import order: constructing a ``PooledLoader`` patches
+an accelerate that is already imported, or else installs a one-shot import hook that patches
+accelerate as soon as it is imported. ``pooled_loader.integrations.patch_accelerate()`` does it
+explicitly (idempotent).
 
 An iterable dataset that splits itself by rank (``splits_by_rank = True``, e.g.
 ``pooled_loader.webdataset.WebDataset``) keeps its own split: every process reads its own share
@@ -34,6 +34,8 @@ instead.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import sys
 import warnings
 from typing import Any, Callable
@@ -50,10 +52,36 @@ _PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker
 _PATCHED = "_pooled_loader_patched"
 
 
+_ACCELERATOR_MODULE = "accelerate.accelerator"  # the module whose import completes accelerate
+
+
 def maybe_patch_accelerate() -> None:
-    """:func:`patch_accelerate` if accelerate is imported already (cheap otherwise)."""
-    if "accelerate" in sys.modules:
+    """:func:`patch_accelerate` now if accelerate is imported, else as soon as it is (cheap)."""
+    if _ACCELERATOR_MODULE in sys.modules:
         patch_accelerate()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches accelerate right after ``accelerate.accelerator`` has executed, so a loader built
+    before ``import accelerate`` is kept too. Removes itself on first use."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _ACCELERATOR_MODULE:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module: Any) -> None:
+            exec_module(module)
+            patch_accelerate()
+        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
 
 
 def patch_accelerate() -> None:

@@ -163,3 +163,25 @@ def test_accelerate_warns_when_the_loader_is_sharded_twice(accelerator, monkeypa
     loader = PooledLoader(list(range(8)), batch_size=2, shuffle=True, distributed=True)
     with pytest.warns(UserWarning, match="already has a DistributedSampler.*1/2 of its share"):
         adl.prepare_data_loader(loader, num_processes=2, process_index=0)
+
+
+def test_accelerate_imported_after_the_loader_was_built_still_keeps_it():
+    """The import order must not matter: a loader built before `import accelerate` is kept."""
+    pytest.importorskip("accelerate")
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import sys, torch\n"
+        "from pooled_loader import PooledLoader\n"
+        "loader = PooledLoader(list(range(10)), batch_size=5)\n"
+        "assert 'accelerate' not in sys.modules\n"
+        "from accelerate import Accelerator\n"
+        "prepared = Accelerator(cpu=True).prepare(loader)\n"
+        "print(type(prepared.base_dataloader).__name__,\n"
+        "      [b.tolist() for b in prepared])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=240, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "PooledLoader", out.stdout
+    assert "[[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]" in out.stdout
