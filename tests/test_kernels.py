@@ -474,7 +474,7 @@ def test_opencv_path_temporaries_live_in_the_threads_scratch_and_stop_growing():
     thread's Scratch, so once the largest shapes have been seen nothing more is allocated,
     whatever the mix of boxes and output sizes; another thread has its own."""
     from pooled_loader.vision.buffers import thread_scratch
-    from pooled_loader.vision.ops import resize_hwc
+    from pooled_loader.vision.kernels import resize_hwc
 
     jobs = [((10, 20, 300, 250), (224, 224), False), ((5, 7, 50, 40), (160, 96), True),
             ((0, 0, 500, 375), (64, 48), True), ((123, 45, 67, 300), (100, 200), False),

@@ -2,7 +2,7 @@
 
 The one scheme for every temporary of the vision ops: a :class:`Scratch` owned by whoever runs
 the ops one at a time (a ``Compose``, an ``ImageFolder`` in its process), or, for the stateless
-functions (``kernels.crop_resize_flip_chw_opencv``, ``ops.resize_hwc``), the calling thread's
+functions (``kernels.crop_resize_flip_chw_opencv``, ``kernels.resize_hwc``), the calling thread's
 own one from :func:`thread_scratch`. Buffers are named, so a name's buffer serves every shape
 and grows to the largest seen.
 """

@@ -21,15 +21,15 @@ import os
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
-import cv2
 import numpy as np
 
+from pooled_loader.vision.base import Box, Op, Resampler, Spec
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,
                                          decode_into, read_header)
 from pooled_loader.vision.decode import scale_box  # noqa: F401  (kept importable from here)
-from pooled_loader.vision.ops import (Box, Normalize, Op, RandomHorizontalFlip, Resampler, Spec,
-                                      ToCHW, crop_resize_flip_chw, resize_hwc)
+from pooled_loader.vision.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
+from pooled_loader.vision.ops import Normalize, RandomHorizontalFlip, ToCHW
 
 _PLAN_CACHE = 32  # input specs remembered per stage
 _RESERVE_MAX = 64 << 20  # decode buffers are pre-sized for a full decode up to this many bytes
@@ -216,7 +216,7 @@ class Compose:
                 else:
                     resize_hwc(cur, box, dst)
                     if flip:
-                        cv2.flip(dst, 1, dst=dst)
+                        flip_horizontal_(dst)
             else:
                 params = st.draw(spec)
                 nspec = self._plan(k, spec)

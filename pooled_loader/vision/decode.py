@@ -29,7 +29,7 @@ import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
 from pooled_loader.errors import SampleError
-from pooled_loader.vision.ops import Op, Spec
+from pooled_loader.vision.base import Box, Op, Spec, deliver, fits
 
 _jpeg = None
 if os.environ.get("POOLED_LOADER_NO_EXT", "").strip().lower() not in ("1", "true", "yes", "on"):
@@ -44,7 +44,6 @@ DECODER = "roi" if _jpeg is not None else "simplejpeg"
 LIBJPEG_VERSION = getattr(_jpeg, "LIBJPEG_VERSION", None)
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
-Box = tuple[int, int, int, int]  # (x0, y0, width, height) in pixels
 #: ``alloc(nbytes)`` returns a writable 1-D uint8 array of at least ``nbytes`` (a reused buffer).
 Alloc = Callable[[int], np.ndarray]
 
@@ -233,6 +232,14 @@ class DecodeImage(Op):
         flat = out.reshape(-1)  # out is C-contiguous: a view
         decode_into(x, read_header(x), lambda n: flat, fast=self.fast)
         return out
+
+    def __call__(self, x: Buffer, out: np.ndarray | None = None) -> np.ndarray:  # type: ignore[override]
+        """Decode ``x`` alone, into ``out`` when it fits (the image's own size), else a new
+        array."""
+        hdr = read_header(x)
+        spec = Spec((hdr.height, hdr.width, 3), np.dtype(np.uint8), "HWC")
+        flat = (out if fits(out, spec) else np.empty(spec.shape, spec.dtype)).reshape(-1)
+        return deliver(decode_into(x, hdr, lambda n: flat, fast=self.fast), out)
 
     def __repr__(self) -> str:
         return "DecodeImage(fast=True)" if self.fast else "DecodeImage()"

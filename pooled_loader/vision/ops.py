@@ -2,94 +2,25 @@
 
 Every op maps an input :class:`Spec` (shape, dtype, layout) to its output spec, draws its random
 parameters (``draw``, from the worker-seeded ``random`` module, in pipeline order) and writes its
-result into ``out`` (``apply``). :class:`~pooled_loader.vision.Compose` sizes the buffers from the
-specs and fuses a resizing op with a following flip / ``ToCHW`` / ``Normalize`` into one
+result into ``out`` (``apply``); the contract lives in vision/base.py, and these ops import
+nothing above it. :class:`~pooled_loader.vision.Compose` sizes the buffers from the specs and fuses
+a resizing op with a following flip / ``ToCHW`` / ``Normalize`` into one
 ``kernels.crop_resize_flip_chw`` call. Images are uint8 HWC (RGB) until ``ToCHW``.
 """
 from __future__ import annotations
 
 import math
 import random
-from typing import NamedTuple, Sequence, Union
+from typing import Sequence
 
-import cv2
 import numpy as np
 
-from pooled_loader.vision.buffers import thread_scratch
-from pooled_loader.vision.kernels import crop_resize_flip_chw  # noqa: F401  (used by Compose)
-
-Size = Union[int, Sequence[int]]
-Box = tuple[int, int, int, int]  # (x0, y0, width, height) in source pixels
-
-
-class Spec(NamedTuple):
-    """What an op consumes or produces: array shape, dtype and layout ("HWC" or "CHW")."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    layout: str
-
-
-class Op:
-    """Base class: ``spec`` declares the output, ``draw`` samples, ``apply`` writes into ``out``."""
-
-    def spec(self, spec: Spec) -> Spec:
-        """Output spec for an input spec (raises ValueError if the input does not fit)."""
-        raise NotImplementedError
-
-    def draw(self, spec: Spec) -> object:
-        """Random parameters for one sample (None for deterministic ops)."""
-        return None
-
-    def apply(self, x: np.ndarray, out: np.ndarray, params: object, spec: Spec) -> np.ndarray:
-        """Write the result for input ``x`` (of ``spec``) into ``out``; return ``out``."""
-        raise NotImplementedError
-
-    def __call__(self, x: object, out: np.ndarray | None = None) -> np.ndarray:
-        """Run this op alone (as a one-op Compose, kept for reuse)."""
-        alone = self.__dict__.get("_alone")
-        if alone is None:
-            from pooled_loader.vision.compose import Compose
-
-            alone = self._alone = Compose([self])
-        return alone(x, out=out)
-
-
-def _pair(size: Size, name: str) -> tuple[int, int]:
-    """(height, width) from an int or a (height, width) sequence, like torchvision."""
-    if isinstance(size, int):
-        size = (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size}")
-    return size  # type: ignore[return-value]
-
-
-def _hwc(spec: Spec, op: str) -> tuple[int, int, int]:
-    if spec.layout != "HWC" or len(spec.shape) != 3:
-        raise ValueError(f"{op} expects an HWC image, got {spec.layout} {spec.shape}")
-    return spec.shape  # type: ignore[return-value]
+from pooled_loader.vision.base import Box, Op, Resampler, Size, Spec  # noqa: F401  (re-exported)
+from pooled_loader.vision.base import hwc as _hwc
+from pooled_loader.vision.base import pair as _pair
 
 
 # ---------------------------------------------------------------- resizing ops (fusable)
-
-class Resampler(Op):
-    """An op that resizes a box of its input: ``sample(h, w) -> (box, (out_h, out_w))``."""
-
-    def out_hw(self, h: int, w: int) -> tuple[int, int]:
-        """Output (height, width) for an h x w input."""
-        raise NotImplementedError
-
-    def sample(self, h: int, w: int) -> tuple[Box, tuple[int, int]]:
-        """The box to resize (drawing from ``random`` if the op is random) and the output size."""
-        raise NotImplementedError
-
-    def spec(self, spec: Spec) -> Spec:
-        h, w, c = _hwc(spec, type(self).__name__)
-        if spec.dtype != np.uint8:
-            raise ValueError(f"{type(self).__name__} expects uint8, got {spec.dtype}")
-        return Spec((*self.out_hw(h, w), c), spec.dtype, "HWC")
-
 
 class RandomResizedCrop(Resampler):
     """Crop a random area/aspect box and resize it to ``size`` (torchvision's sampling).
@@ -270,26 +201,3 @@ class Normalize(Op):
 
     def __repr__(self) -> str:
         return f"Normalize(mean={self.mean}, std={self.std})"
-
-
-# ---------------------------------------------------------------- resampling
-
-def resize_hwc(src: np.ndarray, box: Box, out: np.ndarray) -> np.ndarray:
-    """Resize ``src[box]`` into ``out`` (HWC), bilinear with antialiasing when shrinking.
-
-    Shrinking by >= 2 uses area averaging; by 1.6..2 a [1, 2, 1] blur then bilinear; less,
-    plain bilinear. Within mean abs diff ~1 of Pillow's antialiased BILINEAR on photos.
-    """
-    x0, y0, bw, bh = box
-    oh, ow = out.shape[:2]
-    roi = src[y0:y0 + bh, x0:x0 + bw]
-    rx, ry = bw / ow, bh / oh
-    if max(rx, ry) >= 2.0:
-        cv2.resize(roi, (ow, oh), dst=out, interpolation=cv2.INTER_AREA)
-    elif max(rx, ry) >= 1.6:
-        tmp = thread_scratch().array("resize_hwc.blur", roi.shape, roi.dtype)
-        cv2.GaussianBlur(roi, (3 if rx >= 1.6 else 1, 3 if ry >= 1.6 else 1), 0, dst=tmp)
-        cv2.resize(tmp, (ow, oh), dst=out, interpolation=cv2.INTER_LINEAR)
-    else:
-        cv2.resize(roi, (ow, oh), dst=out, interpolation=cv2.INTER_LINEAR)
-    return out
