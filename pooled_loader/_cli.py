@@ -11,8 +11,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from .cache_format import CacheError
-from .errors import SampleError
+from .errors import CacheError, SampleError
 
 USER_ERRORS = (OSError, ValueError, SampleError, CacheError)
 EXIT_ERROR = 1

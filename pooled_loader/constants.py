@@ -8,7 +8,7 @@ from __future__ import annotations
 
 ALIGN = 64
 """Bytes. Alignment of every array leaf in a slot (`layout.place`) and of every record and index
-array in a cache file (`cache_format`): one cache line, and a multiple of every dtype's itemsize
+array in a cache file (`cache/format.py`): one cache line, and a multiple of every dtype's itemsize
 and of a 512-bit SIMD load. Cache readers use the offsets stored in the file, so changing this
 would not make old caches unreadable; it would only change the layout of new ones."""
 

@@ -1,4 +1,7 @@
-"""Exceptions shared by the loader and the datasets it feeds."""
+"""Every exception of pooled_loader: the loader's, the datasets' and the cache's (``Cache*``).
+
+They live here, below every other module, so that any module (and the one-line error rule in
+``_cli``) can name them without importing the module that raises them."""
 
 
 class SampleError(Exception):
@@ -16,3 +19,38 @@ class WorkerError(RuntimeError):
 class ClassMismatchError(ValueError):
     """Two datasets (an ImageFolder and shards or a cache made from a folder) number their
     classes differently, so the same label would mean different classes."""
+
+
+class CacheError(Exception):
+    """A cache file cannot be used; the message names the file, the problem and the remedy."""
+
+
+class CacheFormatError(CacheError):
+    """Not a cache file, another format version, a truncated file or a corrupted header/record."""
+
+
+class CacheRecordError(CacheFormatError, SampleError):
+    """One record fails its checksum (a SampleError: the loader's ``on_error="skip"`` skips it)."""
+
+
+class CacheIncompleteError(CacheError):
+    """The cache was never finished: only an unfinished ``.partial`` build exists."""
+
+
+class CacheMismatchError(CacheError):
+    """The cache was built from another dataset or transform than the one it is used with."""
+
+
+class CacheSampleError(CacheError):
+    """A build stopped because the source dataset failed on one sample.
+
+    ``index`` and ``variant`` name the sample, ``file`` its source file (None when the dataset
+    has no ``samples`` list), ``reason`` the error in a few words; the exception's cause carries
+    the traceback from the process that ran the sample.
+    """
+
+    def __init__(self, message: str, *, index: int, variant: int, file: str | None,
+                 reason: str, kept: int) -> None:
+        super().__init__(message)
+        self.index, self.variant, self.file, self.reason = index, variant, file, reason
+        self.kept = kept  # finished records kept for the resume

@@ -266,7 +266,7 @@ def classes_of(source: Any) -> tuple[list[str] | None, str]:
     urls = getattr(source, "urls", source)
     if isinstance(urls, (str, os.PathLike)) and os.path.isfile(urls) \
             and not os.fspath(urls).endswith(".tar"):
-        from .cache_format import read_header
+        from .cache.format import read_header
         return read_header(os.fspath(urls))["source"].get("classes"), f"cache {urls}"
     from .shards import read_shard_classes
     from .webdataset import expand_shards

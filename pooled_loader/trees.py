@@ -13,7 +13,7 @@ Spec nodes (plain tuples, cheap to pickle)::
 
 Any other node is a leaf node: whatever the caller's function returned for that leaf. It must not
 be a tuple starting with one of the three tags above. The batch layout (`layout.py`) uses
-``("leaf", i)`` and ``("meta", i)``; the cache file (`cache_format.py`) uses its JSON leaf dicts.
+``("leaf", i)`` and ``("meta", i)``; the cache file (`cache/format.py`) uses its JSON leaf dicts.
 
 Rebuilding calls the container's type on its items (``type(dict)``, ``type(list)``, or
 ``type(*items)`` for a namedtuple). A mapping or sequence type that cannot be built that way (a

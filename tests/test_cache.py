@@ -20,7 +20,7 @@ from pooled_loader.cache import (
     build_cache, dataset_fingerprint, main, partial_progress, variant_for_epoch,
 )
 from pooled_loader.__main__ import main as cli
-from pooled_loader.cache_format import FORMAT_VERSION
+from pooled_loader.cache.format import FORMAT_VERSION
 from pooled_loader.errors import SampleError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pooled_loader import cache_format, layout, trees
+from pooled_loader import layout, trees
+from pooled_loader.cache import format as cache_format
 from pooled_loader.cuda import map_tensors
 
 Point = collections.namedtuple("Point", "x y")

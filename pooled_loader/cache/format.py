@@ -56,9 +56,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import trees
-from .constants import ALIGN, round_up
-from .errors import SampleError
+from .. import trees
+from ..constants import ALIGN, round_up
+from ..errors import (  # noqa: F401  (the cache's errors, importable from here as before)
+    CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, CacheRecordError,
+    CacheSampleError,
+)
 
 MAGIC = b"PLCACHE\x00"
 FORMAT_VERSION = 1
@@ -73,41 +76,6 @@ JOURNAL_HEADER_MAX = 1 << 20  # the JSON header holds no per-sample data: 1 MiB 
 
 VAR_KINDS = ("array", "tensor", "str", "bytes")
 SCALAR_KINDS = {"int": "<i8", "float": "<f8", "bool": "|b1"}
-
-
-class CacheError(Exception):
-    """A cache file cannot be used; the message names the file, the problem and the remedy."""
-
-
-class CacheFormatError(CacheError):
-    """Not a cache file, another format version, a truncated file or a corrupted header/record."""
-
-
-class CacheRecordError(CacheFormatError, SampleError):
-    """One record fails its checksum (a SampleError: the loader's ``on_error="skip"`` skips it)."""
-
-
-class CacheIncompleteError(CacheError):
-    """The cache was never finished: only an unfinished ``.partial`` build exists."""
-
-
-class CacheMismatchError(CacheError):
-    """The cache was built from another dataset or transform than the one it is used with."""
-
-
-class CacheSampleError(CacheError):
-    """A build stopped because the source dataset failed on one sample.
-
-    ``index`` and ``variant`` name the sample, ``file`` its source file (None when the dataset
-    has no ``samples`` list), ``reason`` the error in a few words; the exception's cause carries
-    the traceback from the process that ran the sample.
-    """
-
-    def __init__(self, message: str, *, index: int, variant: int, file: str | None,
-                 reason: str, kept: int) -> None:
-        super().__init__(message)
-        self.index, self.variant, self.file, self.reason = index, variant, file, reason
-        self.kept = kept  # finished records kept for the resume
 
 
 align = round_up  # records and index arrays start at multiples of ALIGN (64 bytes)

@@ -8,7 +8,7 @@
 
 ``build_cache`` runs ``dataset[i]`` once per index (``variants`` times with distinct seeds when
 the dataset's transform is random), and stores every sample in one file (format:
-``pooled_loader.cache_format``). The build runs on ``PooledLoader``'s worker processes (or in
+``pooled_loader.cache.format``). The build runs on ``PooledLoader``'s worker processes (or in
 this process when ``num_workers=0``): they write records straight into the file and send the
 main process only their index entries, so sample data is never pickled; a failing sample is
 reported with its index, file, worker and traceback, and workers exit with the main process.
@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .cache_format import (
+from .format import (
     DATA_START, FORMAT_VERSION, JOURNAL_HEADER_MAX, JOURNAL_VERSION, PREAMBLE_SIZE,
     STATE_BUILDING, STATE_COMPLETE, VAR_KINDS, CacheError, CacheFormatError,
     CacheIncompleteError, CacheMismatchError, CacheRecordError, CacheSampleError, align,
@@ -69,10 +69,10 @@ from .cache_format import (
     infer_layout_from_tree, leaf_to_array, leaf_values, make_unflatten, out_leaves,
     pack_journal_header, pack_preamble, pwrite_all, read_header, reserve, unpack_journal_header,
 )
-from ._cli import one_line
-from .errors import SampleError, WorkerError
-from .file_index import FileIndex
-from .loader import PooledLoader
+from .._cli import one_line
+from ..errors import SampleError, WorkerError
+from ..file_index import FileIndex
+from ..loader import PooledLoader
 
 __all__ = ["build_cache", "CachedDataset", "dataset_fingerprint", "variant_for_epoch",
            "partial_progress", "main",
@@ -1048,7 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cli_build(args: argparse.Namespace) -> None:
-    from .vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
+    from ..vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
     ops = [DecodeImage()]
     if args.max_side:
         ops.append(Resize(max_side=args.max_side))
@@ -1104,8 +1104,3 @@ def _cli_info(dst: str, show_all: bool) -> None:
         print(f"  ... and {len(skipped) - len(shown)} more (--all lists them)")
     for k, val in h["source"].items():
         print(f"source.{k}: {val}")
-
-
-if __name__ == "__main__":
-    from ._cli import run
-    sys.exit(run(main, sys.argv[1:]))
