@@ -386,3 +386,20 @@ def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -
     if zlib.crc32(hb) != p.hdr_crc:
         raise CacheFormatError(f"{path}: corrupted header (checksum mismatch); rebuild the cache")
     return json.loads(hb)
+
+
+def partial_progress(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(records journaled, records in all) of an unfinished build of ``path``, or None."""
+    journal = os.fspath(path) + ".partial.journal"
+    try:
+        with open(journal, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    head = unpack_journal_header(raw)
+    if head is None or "layout" not in head[0]:
+        return None
+    jhead, start = head
+    _, leaves = infer_layout_from_tree(jhead["layout"])
+    done = (len(raw) - start) // entry_dtype(leaves).itemsize
+    return done, jhead["count"] * jhead["variants"]
