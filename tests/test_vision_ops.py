@@ -96,6 +96,28 @@ def test_compose_writes_into_out_and_returns_fresh_without():
     assert tf(data, out=strided) is strided  # fits but not contiguous: copied into
 
 
+@pytest.mark.parametrize("op", [DecodeImage(), Resize(100), RandomResizedCrop((64, 48)),
+                                RandomHorizontalFlip(p=1.0), CenterCrop(90), ToCHW()],
+                         ids=repr)
+def test_an_op_called_alone_gives_what_a_one_op_compose_gives(op):
+    """An op runs alone without the planner (vision/base.py); same result, same ``out`` rules."""
+    data = imgutil.jpeg("astronaut", (200, 160))
+    x = data if isinstance(op, DecodeImage) else Compose([DecodeImage()])(data)
+    random.seed(3)
+    want = Compose([op])(x)
+    random.seed(3)
+    got = op(x)
+    assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+    out = np.empty_like(want)
+    random.seed(3)
+    assert op(x, out=out) is out and np.array_equal(out, want)
+    strided = np.empty((*want.shape[:-1], 2 * want.shape[-1]), want.dtype)[..., ::2]
+    random.seed(3)
+    assert op(x, out=strided) is strided and np.array_equal(strided, want)
+    wrong = np.empty((3, 7, 7), np.uint8)
+    assert op(x, out=wrong) is not wrong
+
+
 def test_fusion_groups_ops():
     tf = Compose([DecodeImage(), RandomResizedCrop(224), RandomHorizontalFlip(), ToCHW(),
                   Normalize(MEAN, STD)])
