@@ -181,6 +181,8 @@ def _rebuild(base: Any, template: Any, device: Any) -> Any:
         batching = {"batch_size": None, "sampler": base.sampler}
     loader = PooledLoader(dataset, **batching, **{k: getattr(base, k) for k in _PASSED_THROUGH},
                           pool_slots=template.pool_slots, on_error=template.on_error,
-                          device=device, device_transform=template.device_transform)
+                          device=device, device_transform=template.device_transform,
+                          snapshot_every_n_steps=template.snapshot_every_n_steps,
+                          per_sample_seed=template.per_sample_seed)
     loader._epoch = template._epoch
     return loader

@@ -7,6 +7,7 @@ and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is o
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import itertools
 import logging
@@ -36,6 +37,8 @@ from .layout import unflatten
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        SetEpoch, Slot, Task)
 from .pool import ArenaMap, SlotPool, SlotRef
+from .resume import (Progress, ResumableRandomSampler, Resume, SamplerCursor, StateMismatch,
+                     fresh_state, parse)
 from .worker import BatchMaker, SampleFailure, WorkerConfig, seed_datapipe, worker_loop
 
 log = logging.getLogger("pooled_loader")
@@ -180,6 +183,17 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             stream), e.g. `pooled_loader.cuda.NormalizeImages(mean, std, torch.float16)`; on the
             host when there is no CUDA device.
         distributed: shard a map-style dataset by rank with DistributedSampler semantics.
+        snapshot_every_n_steps: as in torchdata's StatefulDataLoader: how often (in batches) the
+            sampler (map-style, when it has `state_dict`) or each worker's iterable dataset is
+            asked for its state; between snapshots a resume skips forward, so `state_dict()` is
+            exact for every value. None or 0: never ask; resume skips from the epoch's start.
+        per_sample_seed: seed `random`, `numpy.random` and torch from (base seed, epoch, sample
+            index) just before each sample is loaded, so augmentations no longer depend on which
+            worker loaded a sample: an epoch's batches are bit-identical for any num_workers and
+            after a resume. Default False: DataLoader's per-worker seeding.
+
+    `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (README, "Checkpoint and
+    resume").
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
@@ -191,7 +205,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                  persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, pool_slots: int | None = None, on_error: str = "raise",
                  device: Any = None, device_transform: Callable | None = None,
-                 distributed: bool = False) -> None:
+                 distributed: bool = False, snapshot_every_n_steps: int | None = 1,
+                 per_sample_seed: bool = False) -> None:
+        if snapshot_every_n_steps is not None and (
+                isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps,
+                                                                           int)
+                or snapshot_every_n_steps < 0):
+            raise ValueError("snapshot_every_n_steps must be a non-negative integer or None, got "
+                             f"{snapshot_every_n_steps!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if pool_slots is not None and pool_slots < 1:
@@ -204,15 +225,21 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             sampler = make_distributed_sampler(dataset, shuffle=bool(shuffle), seed=0,
                                                drop_last=drop_last)
             shuffle = None
+        shuffle_requested = shuffle
+        if (shuffle and sampler is None and batch_sampler is None
+                and not isinstance(dataset, IterableDataset)):
+            # torch's RandomSampler, same order, whose pass can be saved and replayed
+            sampler = ResumableRandomSampler(dataset, generator=generator)
+            shuffle = None
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                          collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        if not distributed and shuffle:
+        if not distributed and shuffle_requested:
             try:
                 from .distributed import warn_if_undistributed
-                warn_if_undistributed(bool(shuffle), self.sampler)
+                warn_if_undistributed(bool(shuffle_requested), self.sampler)
             except ImportError:
                 pass
         self.pool_slots = pool_slots
@@ -227,8 +254,70 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._pool: SlotPool | None = None
         self._stats = LoaderStats()
         self._epoch: int | None = None
+        self.snapshot_every_n_steps = snapshot_every_n_steps or 0
+        self.per_sample_seed = bool(per_sample_seed)
+        self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
+        self._resume: Resume | None = None  # loaded, for the next iter()
+        self._resume_raw: dict | None = None
         from .integrations import maybe_patch_accelerate
         maybe_patch_accelerate()  # so that accelerator.prepare(self) keeps a PooledLoader
+
+    # -- checkpoint and resume ------------------------------------------------------------------
+    def _state_check(self) -> dict:
+        """What a saved state must agree with (README, "Checkpoint and resume")."""
+        iterable = isinstance(self.dataset, IterableDataset)
+        length = None
+        if not iterable:
+            length = len(self.dataset)
+        index_sampler = self._index_sampler
+        names = [type(index_sampler).__name__]
+        inner = getattr(index_sampler, "sampler", None)
+        if inner is not None:
+            names.append(type(inner).__name__)
+        check = {"iterable": iterable, "dataset_len": length, "batch_size": self.batch_size,
+                 "drop_last": self.drop_last, "num_workers": self.num_workers,
+                 "per_sample_seed": self.per_sample_seed, "sampler": "/".join(names)}
+        for part in (index_sampler, inner):
+            if hasattr(part, "num_replicas") and hasattr(part, "rank"):  # DistributedSampler
+                check.update(world_size=part.num_replicas, rank=part.rank)
+        return check
+
+    def state_dict(self) -> dict:
+        """The position after the last batch handed to the training loop (not what workers have
+        prefetched), as plain JSON-serialisable data (as long as your sampler's and dataset's own
+        `state_dict` are). Cheap: no worker is asked at this point."""
+        if self._progress is not None:
+            state = self._progress.state(self._state_check())
+            state["_pooled"]["loader_epoch"] = self._epoch
+            return state
+        if self._resume_raw is not None:
+            return copy.deepcopy(self._resume_raw)
+        state = fresh_state(self._state_check(), self.num_workers)
+        state["_pooled"]["loader_epoch"] = self._epoch
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next `iter()` continue from `state` (from `state_dict()`, possibly through a
+        JSON or torch.save round trip). Raises ValueError (`resume.StateMismatch`) naming what
+        differs when the state does not fit this loader, or what is missing when it is corrupt."""
+        if state == {}:  # torchdata's convention: nothing to restore
+            self._resume = self._resume_raw = None
+            return
+        resume = parse(state, self._state_check())
+        loader_epoch = state["_pooled"].get("loader_epoch")
+        if loader_epoch is not None:
+            if isinstance(loader_epoch, bool) or not isinstance(loader_epoch, int):
+                raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
+                                    f"'_pooled.loader_epoch' is {loader_epoch!r:.80}")
+            self.set_epoch(loader_epoch)
+        self._progress = None
+        self._resume = resume if resume.started else None
+        self._resume_raw = copy.deepcopy(state)
+
+    def _take_resume(self) -> Resume | None:
+        """The loaded state, for the iterator starting now (used once)."""
+        resume, self._resume, self._resume_raw = self._resume, None, None
+        return resume
 
     # -- public extras --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -379,8 +468,10 @@ class _IterBase:
                 and dist.is_initialized():
             self._datapipe_group = dist.new_group(backend="gloo")
         self._shared_seed = self._seed_datapipe(loader)
-        self._sampler_iter = None if self._iterable else iter(self._index_sampler)
-        self._seed = _base_seed(loader)
+        self._cursor = None if self._iterable else SamplerCursor(self._index_sampler)
+        self._seed = 0
+        self._seed_epoch = 0
+        self._resumed = self._begin_epoch(loader, first=True)
         if loader.pin_memory and loader.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
                           f"as the device,ignore pin_memory_device='{loader.pin_memory_device}'.",
@@ -423,6 +514,42 @@ class _IterBase:
                             "Please see https://pytorch.org/docs/stable/data.html"
                             "#torch.utils.data.IterableDataset for examples.")
             warnings.warn(message, stacklevel=3)
+
+    def _begin_epoch(self, loader: PooledLoader, first: bool) -> Resume | None:
+        """Start the sampler and the position of an epoch, from a loaded state if there is one
+        (returned). Without one: the sampler first, then (first epoch) the base seed, as
+        DataLoader does (even without workers), so a seeded generator gives its exact order."""
+        resume = loader._take_resume()
+        if resume is not None and resume.finished:
+            resume = None  # the saved epoch had ended: this is a fresh full epoch
+        if resume is not None:
+            self._seed, self._seed_epoch = resume.base_seed, resume.epoch
+            self._sampler_iter = None if self._iterable else self._cursor.restore(
+                resume.sampler_state, resume.sampler_skip)
+        else:
+            self._sampler_iter = None if self._iterable else iter(self._index_sampler)
+            if first:
+                self._seed = _base_seed(loader)
+            else:
+                self._seed_epoch += 1
+        self._progress = Progress.starting(
+            iterable=self._iterable, num_workers=loader.num_workers, base_seed=self._seed,
+            epoch=self._seed_epoch, snapshot_every=loader.snapshot_every_n_steps, resume=resume)
+        self._position = self._progress.delivered_prefix  # the next task's place in the epoch
+        loader._progress = self._progress
+        return resume
+
+    def _next_payload(self) -> tuple[int, Any]:
+        """The next task's place in the epoch and its indices (StopIteration at the end).
+        Places delivered out of order before a resume (in_order=False) are passed over."""
+        while True:
+            position = self._position
+            self._progress.dispatching(position, self._cursor, self._sampler_iter)
+            payload = next(self._sampler_iter)
+            self._progress.dispatched(position, self._cursor, self._sampler_iter)
+            self._position += 1
+            if position not in self._progress.delivered_ahead:
+                return position, payload
 
     def __len__(self) -> int:
         # torch's answer: never len(loader), whose call on an iterable dataset arms the warning
@@ -468,7 +595,9 @@ def _worker_config(loader: PooledLoader, iterable: bool, seed: int, *,
                         auto_collation=loader._auto_collation, batch_size=loader.batch_size,
                         drop_last=loader.drop_last, collate_fn=loader._pooled_collate(),
                         worker_init_fn=worker_init_fn, num_workers=loader.num_workers,
-                        base_seed=seed, on_error=loader.on_error, start_method=start_method)
+                        base_seed=seed, on_error=loader.on_error, start_method=start_method,
+                        per_sample_seed=loader.per_sample_seed,
+                        snapshot_every=loader.snapshot_every_n_steps)
 
 
 class _InProcessIter(_IterBase):
@@ -488,21 +617,22 @@ class _InProcessIter(_IterBase):
             world_size, rank = torch_dataloader._get_distributed_settings()
             apply_sharding(loader.dataset, world_size, rank)
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
-        self._maker.reset_iterator()
+        self._maker.reset_iterator(self._progress.resume_stream(0))
         self._task = 0
 
     def __next__(self) -> Any:
         started = time.perf_counter()
-        payload = None
+        payload = position = None
         if self._sampler_iter is not None:
             try:
-                payload = next(self._sampler_iter)
+                position, payload = self._next_payload()
             except StopIteration:
+                self._progress.finished = True
                 self._epoch_done()
                 raise
         ref = self._pool.acquire()
         try:
-            result = self._maker.make(self._task, payload, ref)
+            result = self._maker.make(self._task, payload, ref, self._seed_epoch)
         except SampleFailure as failure:
             self._pool.release(ref)
             raise failure.__cause__ from None
@@ -514,9 +644,15 @@ class _InProcessIter(_IterBase):
         self._task += 1
         if result is None:
             self._pool.release(ref)
+            self._progress.delivered_end(0)
+            self._progress.finished = True
             self._epoch_done()
             raise StopIteration
         batch = self._build(result)
+        if self._iterable:
+            self._progress.delivered_batch(0, self._maker.position)
+        else:
+            self._progress.delivered_task(position)
         self._mark_wait(started)
         self._check_length()
         return batch
@@ -543,6 +679,7 @@ class _WorkerIter(_IterBase):
                                    worker_init_fn=worker_init_fn,
                                    start_method=self._ctx.get_start_method())
         self._cfg.shared_seed = self._shared_seed
+        self._cfg.resume_streams = self._progress.resume_streams()
         self._epoch = 0
         self._start_workers()
 
@@ -584,12 +721,17 @@ class _WorkerIter(_IterBase):
 
     def _reset_epoch_state(self) -> None:
         self._tasks: dict[int, tuple[_Worker, SlotRef]] = {}
+        self._task_info: dict[int, tuple[int, int]] = {}  # task id -> (place in epoch, worker)
         self._ready: dict[int, Done | End | Failed] = {}  # answers not yet handed out
         self._next_yield = self._next_task  # task ids grow across epochs: never reused
         self._sampler_done = False
-        self._cycle = itertools.cycle(self._worker_states)
+        # A resumed iterable epoch keeps its interleaving: the worker after the one that
+        # delivered last goes first, and workers whose stream had ended stay idle.
+        first = (self._progress.last_worker + 1) % len(self._worker_states)
+        order = self._worker_states[first:] + self._worker_states[:first]
+        self._cycle = itertools.cycle(order)
         for w in self._worker_states:
-            w.active = True
+            w.active = not self._progress.stream_ended(w.id)
             w.outstanding = 0
 
     def _stop(self) -> None:
@@ -614,11 +756,18 @@ class _WorkerIter(_IterBase):
         self._stop()
 
     def _reset(self, loader: PooledLoader) -> None:
-        """A new epoch on persistent workers (called by DataLoader.__iter__)."""
-        self._sampler_iter = None if self._iterable else iter(loader._index_sampler)
+        """A new epoch on persistent workers (called by DataLoader.__iter__), possibly from a
+        loaded state."""
         self._reset_length_check(loader)
         self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(loader)
-        if self._broken or any(not p.is_alive() for p in self._workers):
+        seed_before = self._seed
+        self._begin_epoch(loader, first=False)
+        streams = self._progress.resume_streams()
+        self._cfg.resume_streams = streams
+        # Workers seeded from another base seed would not give the saved epoch's randomness.
+        self._cfg.base_seed = self._seed
+        if (self._broken or any(not p.is_alive() for p in self._workers)
+                or self._seed != seed_before):
             self._stop()
             self._start_workers()
             return
@@ -630,7 +779,8 @@ class _WorkerIter(_IterBase):
             if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
                 w.conn.send(SetEpoch(epoch=loader._epoch))
             if self._iterable:
-                w.conn.send(Reset(shared_seed=self._shared_seed))
+                w.conn.send(Reset(shared_seed=self._shared_seed,
+                                  stream=(streams or {}).get(w.id)))
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
@@ -646,10 +796,10 @@ class _WorkerIter(_IterBase):
                     break
             else:
                 return  # no active worker (or none with room)
-            payload = None
+            payload = position = None
             if not self._iterable:
                 try:
-                    payload = next(self._sampler_iter)
+                    position, payload = self._next_payload()
                 except StopIteration:
                     self._sampler_done = True
                     return
@@ -658,7 +808,9 @@ class _WorkerIter(_IterBase):
             self._next_task += 1
             self._tasks[task_id] = (worker, ref)
             worker.outstanding += 1
-            worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload, ref=ref))
+            self._task_info[task_id] = (position, worker.id)
+            worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload, ref=ref,
+                                  seed_epoch=self._seed_epoch))
 
     def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot) -> None:
         if type(msg) is NeedSlot:
@@ -725,16 +877,23 @@ class _WorkerIter(_IterBase):
             self._try_dispatch()
             answer = self._pop_ready()
             if answer is not None:
+                position, worker_id = self._task_info.pop(answer.task_id)
                 if type(answer) is End:
+                    self._progress.delivered_end(worker_id)
                     continue
                 if type(answer) is Failed:
                     _reraise(answer.error)
                 batch = self._build(answer.batch)
+                if self._iterable:
+                    self._progress.delivered_batch(worker_id, answer.position)
+                else:
+                    self._progress.delivered_task(position)
                 self._mark_wait(started)
                 self._check_length()
                 return batch
             if not self._tasks and (self._sampler_done or not any(
                     w.active for w in self._worker_states)):
+                self._progress.finished = True
                 self._epoch_done()
                 if not self._persistent:
                     self._stop()

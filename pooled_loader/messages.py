@@ -64,6 +64,7 @@ class Task:
     epoch: int  # the iterator's epoch counter: answers from an abandoned epoch are dropped
     payload: Any
     ref: SlotRef
+    seed_epoch: int = 0  # the epoch per-sample seeds are drawn for (kept across a resume)
 
 
 @dataclass(**_MESSAGE)
@@ -84,7 +85,10 @@ class Forget:
 
 @dataclass(**_MESSAGE)
 class Reset:
-    """Start the iterable dataset's iterator afresh (persistent workers, next epoch)."""
+    """Start the iterable dataset's iterator afresh (persistent workers, next epoch), or from
+    `stream` (a `resume.WorkerStream` as a dict) when resuming from a saved state."""
+
+    stream: dict | None = None
 
     shared_seed: int | None = None  # the new epoch's seed for a datapipe graph (DataLoader's)
 
@@ -98,6 +102,16 @@ class SetEpoch:
 
 # -- worker -> main process -----------------------------------------------------------------------
 @dataclass(**_MESSAGE)
+class StreamPosition:
+    """Where a worker's iterable stream stands right after a batch: the items it has consumed
+    this epoch and, every `snapshot_every_n_steps` of its batches, (dataset state, iterator state)
+    from their `state_dict()` (None where they have none)."""
+
+    items: int
+    snapshot: tuple[Any, Any] | None
+
+
+@dataclass(**_MESSAGE)
 class Done:
     """Task `task_id` is built; its batch lies in `batch.ref`."""
 
@@ -106,6 +120,7 @@ class Done:
     batch: BatchLayout
     skipped: list[tuple[Any, str]]  # (index, reason) of samples replaced under on_error="skip"
     busy_s: float  # seconds the worker spent on it
+    position: StreamPosition | None = None  # iterable datasets only
 
 
 @dataclass(**_MESSAGE)

@@ -30,7 +30,8 @@ from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, metas_in_sequences, place, same_structure)
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
-                       SetEpoch, Slot, Task)
+                       SetEpoch, Slot, StreamPosition, Task)
+from .resume import has_state, sample_seed, seed_globals
 from .pool import ArenaMap, SlotRef
 
 MAX_REPLACEMENTS = 16
@@ -51,6 +52,9 @@ class WorkerConfig:
     base_seed: int
     on_error: str
     start_method: str
+    per_sample_seed: bool = False  # seed the global RNGs from (base_seed, epoch, index)
+    snapshot_every: int = 0  # iterable: send the dataset's state every n own batches (0: never)
+    resume_streams: dict[int, dict] | None = None  # iterable: where each worker's stream resumes
     close_in_child: list[int] = field(default_factory=list)
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
 
@@ -104,13 +108,61 @@ class BatchMaker:
         self.skipped: list[tuple[Any, str]] = []
         self.known_bad: set = set()
         self.current_index: Any = None
+        self.worker_id = 0
+        self.seed_epoch = 0  # per_sample_seed: the epoch of the task being built
+        self.items = 0  # iterable: items taken from this epoch's iterator
+        self.batches = 0  # iterable: batches built this epoch (for snapshot_every)
+        self.position: StreamPosition | None = None  # iterable: after the last batch built
 
     # -- fetching samples ------------------------------------------------------------------------
-    def reset_iterator(self) -> None:
-        self.iterator = iter(self.cfg.dataset) if self.cfg.iterable else None
+    def reset_iterator(self, stream: dict | None = None) -> None:
+        """A fresh iterator, or one placed where `stream` (a saved `resume.WorkerStream`) says:
+        the dataset's state, then iter(), then the iterator's state (torchdata's order), then
+        the items consumed after that state are skipped."""
+        self.items = self.batches = 0
+        if not self.cfg.iterable:
+            self.iterator = None
+            return
+        dataset = self.cfg.dataset
+        if stream is None:
+            self.iterator = iter(dataset)
+            return
+        if stream["dataset_state"] is not None and has_state(dataset):
+            dataset.load_state_dict(stream["dataset_state"])
+        self.iterator = iter(dataset)
+        iter_state = stream["fetcher_state"]["dataset_iter_state"]
+        if iter_state is not None and self.iterator is not dataset and has_state(self.iterator):
+            self.iterator.load_state_dict(iter_state)
+        self.items = stream["items"] - stream["items_since_snapshot"]
+        for _ in range(stream["items_since_snapshot"]):
+            if self._next_item() is None:
+                break
+
+    def _next_item(self) -> Any:
+        """The iterator's next item (None at its end), seeded per item under per_sample_seed."""
+        if self.cfg.per_sample_seed:
+            seed_globals(sample_seed(self.cfg.base_seed, self.seed_epoch,
+                                     (self.worker_id << 40) + self.items))
+        try:
+            item = next(self.iterator)
+        except StopIteration:
+            return None
+        self.items += 1
+        return (item,)
+
+    def _snapshot(self) -> tuple[Any, Any] | None:
+        """(dataset state, iterator state), where either has `state_dict`; None otherwise."""
+        dataset, it = self.cfg.dataset, self.iterator
+        ds_state = dataset.state_dict() if has_state(dataset) else None
+        it_state = it.state_dict() if it is not dataset and has_state(it) else None
+        if ds_state is None and it_state is None:
+            return None
+        return ds_state, it_state
 
     def _load(self, index: Any, out: Any) -> Any:
         self.current_index = index
+        if self.cfg.per_sample_seed:
+            seed_globals(sample_seed(self.cfg.base_seed, self.seed_epoch, index))
         if out is not None:
             return self.cfg.dataset.getitem_into(index, out)
         return self.cfg.dataset[index]
@@ -148,20 +200,22 @@ class BatchMaker:
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []
         for _ in range(want):
-            try:
-                samples.append(next(self.iterator))
-            except StopIteration:
+            item = self._next_item()
+            if item is None:
                 break
+            samples.append(item[0])
         if not samples or (self.cfg.auto_collation and self.cfg.drop_last
                            and len(samples) < want):
             return None
         return samples
 
     # -- building ---------------------------------------------------------------------------------
-    def make(self, task_id: int, payload: Any, ref: SlotRef) -> BatchLayout | None:
+    def make(self, task_id: int, payload: Any, ref: SlotRef,
+             seed_epoch: int = 0) -> BatchLayout | None:
         """Fill `ref` with the batch of `payload`; returns where it lies (the slot may have been
         swapped for a bigger one), or None at the end of an iterable dataset."""
         self.skipped = []
+        self.seed_epoch = seed_epoch
         if self.cfg.iterable:
             samples = self._samples(payload)
             pop_skips = getattr(self.cfg.dataset, "pop_skips", None)
@@ -169,6 +223,10 @@ class BatchMaker:
                 self.skipped.extend(pop_skips())
             if samples is None:
                 return None
+            self.batches += 1
+            every = self.cfg.snapshot_every
+            snapshot = self._snapshot() if every and self.batches % every == 0 else None
+            self.position = StreamPosition(items=self.items, snapshot=snapshot)
             if self.cfg.collate_fn is not None:
                 batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
                     self.cfg.collate_fn(samples[0])
@@ -390,7 +448,7 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
     """Build one task's batch; the answer says where it lies, or why there is none."""
     start = time.perf_counter()
     try:
-        batch = maker.make(task.task_id, task.payload, task.ref)
+        batch = maker.make(task.task_id, task.payload, task.ref, task.seed_epoch)
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         return Failed(task_id=task.task_id, epoch=task.epoch,
                       error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
@@ -398,7 +456,8 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
     if batch is None:
         return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref)
     return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
-                busy_s=time.perf_counter() - start)
+                busy_s=time.perf_counter() - start,
+                position=maker.position if maker.cfg.iterable else None)
 
 
 def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
@@ -437,6 +496,7 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
             pending.append(msg)
 
     maker = BatchMaker(cfg, ArenaMap(), request_slot)
+    maker.worker_id = worker_id
     # As in DataLoader, a failed worker_init_fn or iter(dataset) is this worker's answer to its
     # tasks (so the main process raises it in task order); a failed iter() is retried each epoch.
     initialised = False
@@ -445,7 +505,7 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(worker_id)
         initialised = True
-        maker.reset_iterator()
+        maker.reset_iterator((cfg.resume_streams or {}).get(worker_id))
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         start_error = error_message(worker_id, exc, None)
     try:
@@ -463,7 +523,7 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 seed_datapipe(cfg.dataset, msg.shared_seed)
                 if initialised:  # iter(dataset) is retried each epoch, worker_init_fn is not
                     try:
-                        maker.reset_iterator()
+                        maker.reset_iterator(msg.stream)
                         start_error = None
                     except Exception as exc:  # noqa: BLE001 - reported to the main process
                         start_error = error_message(worker_id, exc, None)

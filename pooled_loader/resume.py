@@ -1,0 +1,495 @@
+"""Checkpoint and resume: where an epoch stands, as plain JSON-serialisable data.
+
+The main process owns the truth: the position is "batches handed to the training loop", never what
+workers have prefetched (prefetched, undelivered batches are simply rebuilt after a resume).
+
+- Map-style: the main process knows every task's indices. The state is the sampler's state (asked
+  in the main process when the sampler or batch_sampler has `state_dict`, taken every
+  `snapshot_every_n_steps` batches) plus how many sampler items the delivered batches consumed
+  since; resume restores the sampler and fast-forwards it without loading anything. The default
+  shuffled sampler is `ResumableRandomSampler`: torch's RandomSampler (same order), whose pass can
+  be replayed from a seed or a generator state.
+- Iterable: each worker counts the items its delivered batches consumed and, every
+  `snapshot_every_n_steps` of its batches, piggybacks its dataset's (or iterator's) `state_dict()`
+  on the Done message (`messages.StreamPosition`). Resume loads that state inside the worker and
+  skips the items consumed since; without `state_dict` it skips every consumed item.
+
+The layout follows torchdata's StatefulDataLoader where that costs nothing (its key names: see
+`state_dict`), plus a "_pooled" section with what we check on load and the epoch's seeds.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import itertools
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, RandomSampler
+
+FORMAT = "pooled_loader.resume/1"
+
+# torchdata StatefulDataLoader's key names (stateful_dataloader.py), reused so that both layouts
+# read alike; see README "Checkpoint and resume" for what is and is not interchangeable.
+SNAPSHOT = "_snapshot"
+SNAPSHOT_STEP = "_snapshot_step"
+STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
+ITERATOR_FINISHED = "_iterator_finished"
+LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"
+MAIN_SNAPSHOT = "_main_snapshot"
+WORKER_SNAPSHOTS = "_worker_snapshots"
+NUM_WORKERS = "_num_workers"
+INDEX_SAMPLER_STATE = "_index_sampler_state"
+SAMPLER_ITER_YIELDED = "_sampler_iter_yielded"
+BASE_SEED = "_base_seed"
+WORKER_ID = "worker_id"
+DATASET_STATE = "dataset_state"
+FETCHER_STATE = "fetcher_state"
+DATASET_ITER_STATE = "dataset_iter_state"
+FETCHER_ENDED = "fetcher_ended"
+POOLED = "_pooled"  # ours
+
+
+class StateMismatch(ValueError):
+    """A saved state that does not fit this loader (or is corrupt); the message says what."""
+
+
+def has_state(obj: Any) -> bool:
+    """Duck-typed torchdata `Stateful`: has both `state_dict` and `load_state_dict`."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None))
+
+
+# -- per-sample seeds -----------------------------------------------------------------------------
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _index_key(index: Any) -> int:
+    if isinstance(index, (int, np.integer)):
+        return int(index) & _MASK64
+    return zlib.crc32(repr(index).encode())  # stable across processes, unlike hash()
+
+
+def sample_seed(base_seed: int, epoch: int, index: Any) -> int:
+    """A 63-bit seed for one sample: splitmix64 chained over (base seed, epoch, index), so that
+    neighbouring indices or epochs give unrelated seeds (unlike base + index)."""
+    x = _splitmix64(base_seed & _MASK64)
+    x = _splitmix64(x ^ (epoch & _MASK64))
+    return _splitmix64(x ^ _index_key(index)) >> 1
+
+
+def seed_globals(seed: int) -> None:
+    """Seed the global RNGs a transform draws from: `random`, `numpy.random` and torch."""
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch.manual_seed(seed)
+
+
+# -- the default shuffled sampler -----------------------------------------------------------------
+def _encode_generator(gen: torch.Generator) -> str:
+    return base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
+
+
+def _decode_generator(text: Any) -> torch.Tensor:
+    if isinstance(text, torch.Tensor):  # torchdata's layout keeps the tensor itself
+        return text
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+class ResumableRandomSampler(RandomSampler):
+    """torch's RandomSampler (the very same order for the same seed or generator) whose current
+    pass can be saved and replayed: `state_dict()` is {"seed" or "generator", "yielded"}.
+
+    Without a generator each pass draws a 64-bit seed from torch's global RNG, as torch does; with
+    one, the pass starts from the generator's state, saved base64-encoded (JSON-friendly). A pass
+    starts when `iter()` is called; torch's BatchSampler calls it at its own first `next()`, after
+    the loader has drawn its base seed, which keeps DataLoader's order of draws."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._start: dict | None = None
+        self._yielded = 0
+        self._replay: dict | None = None
+
+    def _permutation(self, gen: torch.Generator) -> Iterator[int]:
+        n = len(self.data_source)
+        if self.replacement:
+            for _ in range(self.num_samples // 32):
+                yield from torch.randint(high=n, size=(32,), dtype=torch.int64,
+                                         generator=gen).tolist()
+            yield from torch.randint(high=n, size=(self.num_samples % 32,), dtype=torch.int64,
+                                     generator=gen).tolist()
+        else:
+            for _ in range(self.num_samples // n):
+                yield from torch.randperm(n, generator=gen).tolist()
+            yield from torch.randperm(n, generator=gen).tolist()[:self.num_samples % n]
+
+    def _begin(self) -> tuple[torch.Generator, int]:
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            self._start = {k: v for k, v in replay.items() if k != "yielded"}
+            if "seed" in self._start:
+                gen = torch.Generator()
+                gen.manual_seed(int(self._start["seed"]))
+            else:  # the user's generator continues from the saved state
+                gen = self.generator if self.generator is not None else torch.Generator()
+                gen.set_state(_decode_generator(self._start["generator"]))
+            return gen, int(replay.get("yielded", 0))
+        if self.generator is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            gen = torch.Generator()
+            gen.manual_seed(seed)
+            self._start = {"seed": seed}
+        else:
+            gen = self.generator
+            self._start = {"generator": _encode_generator(gen)}
+        return gen, 0
+
+    def __iter__(self) -> Iterator[int]:
+        gen, skip = self._begin()
+        indices = self._permutation(gen)
+        for _ in itertools.islice(indices, skip):
+            pass
+        self._yielded = skip
+        for index in indices:
+            self._yielded += 1
+            yield index
+
+    def state_dict(self) -> dict:
+        """The current pass: its start (seed or generator state) and how many indices it gave."""
+        if self._start is None:
+            raise RuntimeError("ResumableRandomSampler.state_dict(): no pass has started yet")
+        return {**self._start, "yielded": self._yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next `iter()` replays that pass, after the indices it had already given."""
+        if not isinstance(state, dict) or not ({"seed", "generator"} & set(state)):
+            raise StateMismatch(f"not a ResumableRandomSampler state: {state!r:.200}")
+        self._replay = dict(state)
+
+
+# -- where the sampler stands ---------------------------------------------------------------------
+class SamplerCursor:
+    """Snapshots and restores the index order of a map-style loader, in the main process.
+
+    The holder of the order's state is, in this order of preference: the sampler iterator (as
+    torchdata's samplers give), the index sampler (sampler or batch_sampler), or the sampler inside
+    torch's BatchSampler. Without one, the order is replayed by iterating afresh
+    (SequentialSampler, DistributedSampler after the same set_epoch)."""
+
+    def __init__(self, index_sampler: Any) -> None:
+        self.index_sampler = index_sampler
+
+    def _holder(self, sampler_iter: Any) -> tuple[str, Any] | None:
+        if has_state(sampler_iter):
+            return "iter", sampler_iter
+        if has_state(self.index_sampler):
+            return "sampler", self.index_sampler
+        inner = getattr(self.index_sampler, "sampler", None)
+        if type(self.index_sampler) is BatchSampler and has_state(inner):
+            return "inner", inner
+        return None
+
+    def before_first(self, sampler_iter: Any) -> dict | None:
+        """The state at the start of a pass, when it can be asked before the first index."""
+        holder = self._holder(sampler_iter)
+        if holder is None or isinstance(holder[1], ResumableRandomSampler):
+            return None
+        return {holder[0]: holder[1].state_dict()}
+
+    def after(self, sampler_iter: Any, first: bool) -> tuple[dict | None, dict | None]:
+        """(state now, state at the pass's start when only now knowable) after an index."""
+        holder = self._holder(sampler_iter)
+        if holder is None:
+            return None, None
+        now = {holder[0]: holder[1].state_dict()}
+        if first and isinstance(holder[1], ResumableRandomSampler):
+            return now, {holder[0]: {**now[holder[0]], "yielded": 0}}
+        return now, None
+
+    def restore(self, state: dict | None, skip: int) -> Iterator:
+        """A sampler iterator `skip` items after the point `state` describes (or after the start
+        of a fresh pass without one). Nothing is loaded: only indices are drawn."""
+        kind, value = next(iter(state.items())) if state else (None, None)
+        if kind == "sampler":
+            self.index_sampler.load_state_dict(value)
+        elif kind == "inner":
+            self.index_sampler.sampler.load_state_dict(value)
+        elif kind not in (None, "iter"):
+            raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: unknown "
+                                f"sampler state kind {kind!r}")
+        it = iter(self.index_sampler)
+        if kind == "iter":
+            if not has_state(it):
+                raise StateMismatch("PooledLoader.load_state_dict: the state holds a sampler "
+                                    "iterator's state but this loader's sampler iterator has no "
+                                    "load_state_dict")
+            it.load_state_dict(value)
+        for _ in itertools.islice(it, skip):
+            pass
+        return it
+
+
+@dataclass
+class WorkerStream:
+    """Where one worker's stream of an iterable dataset stands, as of the delivered batches."""
+
+    worker_id: int
+    dataset_state: Any = None  # the last delivered snapshot (None: from the stream's start)
+    iter_state: Any = None
+    items_at_snapshot: int = 0
+    items: int = 0  # items consumed by this worker's delivered batches, this epoch
+    ended: bool = False
+
+    def to_dict(self) -> dict:
+        return {WORKER_ID: self.worker_id, DATASET_STATE: self.dataset_state,
+                FETCHER_STATE: {DATASET_ITER_STATE: self.iter_state, FETCHER_ENDED: self.ended},
+                "items": self.items, "items_since_snapshot": self.items - self.items_at_snapshot}
+
+
+@dataclass
+class Progress:
+    """What the main process knows about the epoch being delivered; `state()` turns it into the
+    loader's state dict. Updated by the iterators at dispatch and at delivery."""
+
+    iterable: bool
+    num_workers: int
+    base_seed: int
+    epoch: int  # the iterator's epoch counter (seeds per-sample RNGs)
+    snapshot_every: int
+    num_yielded: int = 0
+    finished: bool = False
+    # map-style: sampler items consumed by the delivered prefix of tasks, the latest sampler
+    # snapshot at or before it, the snapshots taken at dispatch, and delivered positions beyond
+    # the prefix (in_order=False)
+    delivered_prefix: int = 0
+    sampler_snapshot: tuple[int, Any] = (0, None)
+    pending_snapshots: dict[int, Any] = field(default_factory=dict)
+    delivered_ahead: set[int] = field(default_factory=set)
+    skip_positions: set[int] = field(default_factory=set)
+    # iterable: per-worker streams and who delivered last (to keep the interleaving)
+    streams: dict[int, WorkerStream] = field(default_factory=dict)
+    last_worker: int = -1
+    started: bool = True  # False: a state taken before any iter()
+
+    @classmethod
+    def starting(cls, *, iterable: bool, num_workers: int, base_seed: int, epoch: int,
+                 snapshot_every: int, resume: "Resume | None") -> "Progress":
+        """The position at an epoch's start, or where `resume` says the epoch stands."""
+        p = cls(iterable=iterable, num_workers=num_workers, base_seed=base_seed, epoch=epoch,
+                snapshot_every=snapshot_every, last_worker=max(num_workers - 1, 0))
+        if resume is not None:
+            p.num_yielded = resume.num_yielded
+            p.delivered_prefix = resume.delivered_prefix
+            p.delivered_ahead = set(resume.delivered_ahead)
+            p.sampler_snapshot = (resume.sampler_snapshot_step, resume.sampler_state)
+            p.streams = {w: dataclasses.replace(s) for w, s in resume.streams.items()}
+            p.last_worker = resume.last_worker
+            p.resumed = True
+        return p
+
+    resumed: bool = False
+
+    def resume_stream(self, worker_id: int) -> dict | None:
+        """Where worker `worker_id`'s stream restarts (None: from its start)."""
+        if not self.resumed or worker_id not in self.streams:
+            return None
+        return self.streams[worker_id].to_dict()
+
+    def resume_streams(self) -> dict[int, dict] | None:
+        if not self.resumed or not self.iterable:
+            return None
+        return {w: s.to_dict() for w, s in self.streams.items()}
+
+    def stream_ended(self, worker_id: int) -> bool:
+        s = self.streams.get(worker_id)
+        return s is not None and s.ended
+
+    # -- map-style ---------------------------------------------------------------------------
+    def dispatching(self, position: int, cursor: SamplerCursor, sampler_iter: Any) -> None:
+        """About to draw task `position`'s indices: the pass's start state, if askable now."""
+        if position == 0 and self.sampler_snapshot == (0, None):
+            self.sampler_snapshot = (0, cursor.before_first(sampler_iter))
+
+    def dispatched(self, position: int, cursor: SamplerCursor, sampler_iter: Any) -> None:
+        """The sampler just gave task `position`'s indices: snapshot it every n tasks."""
+        first = position == 0 and self.sampler_snapshot == (0, None)
+        due = bool(self.snapshot_every) and (position + 1) % self.snapshot_every == 0
+        if not (first or due):
+            return
+        now, start = cursor.after(sampler_iter, first)
+        if start is not None:
+            self.sampler_snapshot = (0, start)
+        if now is not None and due:
+            self.pending_snapshots[position + 1] = now
+
+    def delivered_task(self, position: int) -> None:
+        self.num_yielded += 1
+        if position != self.delivered_prefix:
+            self.delivered_ahead.add(position)
+            return
+        self.delivered_prefix += 1
+        while self.delivered_prefix in self.delivered_ahead:
+            self.delivered_ahead.remove(self.delivered_prefix)
+            self.delivered_prefix += 1
+        best = None
+        for step in [s for s in self.pending_snapshots if s <= self.delivered_prefix]:
+            snap = self.pending_snapshots.pop(step)
+            if best is None or step > best[0]:
+                best = (step, snap)
+        if best is not None:
+            self.sampler_snapshot = best
+
+    # -- iterable ----------------------------------------------------------------------------
+    def stream(self, worker_id: int) -> WorkerStream:
+        if worker_id not in self.streams:
+            self.streams[worker_id] = WorkerStream(worker_id)
+        return self.streams[worker_id]
+
+    def delivered_batch(self, worker_id: int, position: Any) -> None:
+        """Worker `worker_id`'s batch (whose Done carried `position`) was handed out."""
+        self.num_yielded += 1
+        self.last_worker = worker_id
+        s = self.stream(worker_id)
+        s.items = position.items
+        if position.snapshot is not None:
+            s.dataset_state, s.iter_state = position.snapshot
+            s.items_at_snapshot = position.items
+
+    def delivered_end(self, worker_id: int) -> None:
+        self.stream(worker_id).ended = True
+
+    # -- the state ---------------------------------------------------------------------------
+    def state(self, check: dict) -> dict:
+        step, sampler_state = self.sampler_snapshot
+        main = {NUM_WORKERS: self.num_workers, INDEX_SAMPLER_STATE: sampler_state,
+                SAMPLER_ITER_YIELDED: self.delivered_prefix, BASE_SEED: self.base_seed}
+        workers = {f"worker_{w}": s.to_dict() for w, s in sorted(self.streams.items())}
+        return {
+            SNAPSHOT: {SNAPSHOT_STEP: self.num_yielded, LAST_YIELDED_WORKER_ID: self.last_worker,
+                       MAIN_SNAPSHOT: main, WORKER_SNAPSHOTS: workers},
+            STEPS_SINCE_SNAPSHOT: 0,
+            ITERATOR_FINISHED: self.finished,
+            POOLED: {"format": FORMAT, **check, "started": self.started, "epoch": self.epoch,
+                     "sampler_snapshot_step": step,
+                     "delivered_ahead": sorted(self.delivered_ahead)},
+        }
+
+
+def fresh_state(check: dict, num_workers: int) -> dict:
+    """The state of a loader that has not started iterating: the next iter() starts afresh."""
+    return Progress(iterable=check["iterable"], num_workers=num_workers, base_seed=0, epoch=0,
+                    snapshot_every=0, started=False).state(check)
+
+
+# -- reading a state back -------------------------------------------------------------------------
+@dataclass
+class Resume:
+    """A validated state, ready for the next iterator to continue from."""
+
+    finished: bool
+    base_seed: int
+    epoch: int
+    num_yielded: int
+    sampler_state: Any
+    sampler_skip: int  # sampler items to skip after restoring `sampler_state`
+    delivered_prefix: int
+    delivered_ahead: set[int]
+    last_worker: int
+    streams: dict[int, WorkerStream]
+    sampler_snapshot_step: int
+    started: bool
+
+
+def _get(state: Any, path: str) -> Any:
+    node = state
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise StateMismatch(
+                f"PooledLoader.load_state_dict: the state is incomplete or corrupt: "
+                f"'{path}' is missing. Pass a dict returned by PooledLoader.state_dict() "
+                f"(a JSON round trip is fine); to start afresh, do not load a state.")
+        node = node[key]
+    return node
+
+
+def _int(state: Any, path: str) -> int:
+    value = _get(state, path)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: '{path}' should "
+                            f"be an integer, got {value!r:.80}")
+    return value
+
+
+def parse(state: Any, check: dict) -> Resume:
+    """Validate `state` against this loader's `check` values; raise StateMismatch saying what
+    differs or what is missing."""
+    if not isinstance(state, dict):
+        raise StateMismatch(f"PooledLoader.load_state_dict expects the dict returned by "
+                            f"state_dict(), got {type(state).__name__}")
+    fmt = _get(state, f"{POOLED}.format")
+    if fmt != FORMAT:
+        raise StateMismatch(f"PooledLoader.load_state_dict: unknown state format {fmt!r} "
+                            f"(this version reads {FORMAT!r})")
+    saved = state[POOLED]
+    for key, mine in check.items():
+        theirs = saved.get(key, "<missing>")
+        if key in ("num_workers", "loader_epoch") and not check["iterable"]:
+            continue  # map-style: elastic (the order does not depend on the workers)
+        if theirs != mine:
+            raise StateMismatch(
+                f"PooledLoader.load_state_dict: the state does not fit this loader: it was saved "
+                f"with {key}={theirs!r}, this loader has {key}={mine!r}. "
+                + ("An iterable dataset's streams are split per worker: resume with the same "
+                   "num_workers." if key == "num_workers" else
+                   "Build the loader as it was when the state was saved."))
+    finished = _get(state, ITERATOR_FINISHED)
+    if not isinstance(finished, bool):
+        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
+                            f"'{ITERATOR_FINISHED}' should be true or false, got {finished!r:.80}")
+    snap = f"{SNAPSHOT}.{MAIN_SNAPSHOT}"
+    prefix = _int(state, f"{snap}.{SAMPLER_ITER_YIELDED}")
+    step = _int(state, f"{POOLED}.sampler_snapshot_step")
+    if not 0 <= step <= prefix:
+        raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: sampler "
+                            f"snapshot step {step} is not within 0..{prefix}")
+    streams = {}
+    for key, entry in _get(state, f"{SNAPSHOT}.{WORKER_SNAPSHOTS}").items():
+        where = f"{SNAPSHOT}.{WORKER_SNAPSHOTS}.{key}"
+        wid = _int(state, f"{where}.{WORKER_ID}")
+        since = _int(state, f"{where}.items_since_snapshot")
+        items = _int(state, f"{where}.items")
+        if not 0 <= since <= items:
+            raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: {where} "
+                                f"has {since} items since its snapshot but {items} in all")
+        ended = _get(state, f"{where}.{FETCHER_STATE}.{FETCHER_ENDED}")
+        streams[wid] = WorkerStream(wid, dataset_state=_get(state, f"{where}.{DATASET_STATE}"),
+                                    iter_state=_get(state, f"{where}.{FETCHER_STATE}."
+                                                           f"{DATASET_ITER_STATE}"),
+                                    items_at_snapshot=items - since, items=items,
+                                    ended=bool(ended))
+    ahead = _get(state, f"{POOLED}.delivered_ahead")
+    if not isinstance(ahead, list) or not all(isinstance(p, int) for p in ahead):
+        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
+                            f"'{POOLED}.delivered_ahead' should be a list of integers")
+    return Resume(finished=finished, base_seed=_int(state, f"{snap}.{BASE_SEED}"),
+                  epoch=_int(state, f"{POOLED}.epoch"),
+                  num_yielded=_int(state, f"{SNAPSHOT}.{SNAPSHOT_STEP}"),
+                  sampler_state=_get(state, f"{snap}.{INDEX_SAMPLER_STATE}"),
+                  sampler_skip=prefix - step, delivered_prefix=prefix,
+                  delivered_ahead=set(ahead),
+                  last_worker=_int(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}"),
+                  streams=streams, sampler_snapshot_step=step,
+                  started=bool(saved.get("started", True)))
