@@ -536,12 +536,28 @@ class _IterBase:
             iterable=self._iterable, num_workers=loader.num_workers, base_seed=self._seed,
             epoch=self._seed_epoch, snapshot_every=loader.snapshot_every_n_steps, resume=resume)
         self._position = self._progress.delivered_prefix  # the next task's place in the epoch
+        self._peeked: tuple[int, Any] | None = None
+        if not self._iterable:
+            self._progress.prime = weakref.WeakMethod(self._prime_sampler)
         loader._progress = self._progress
         return resume
+
+    def _prime_sampler(self) -> None:
+        """Asked for a state before the first task: draw the first indices now, so that the
+        sampler's pass has started and its state (a shuffle's seed) can be saved. Harmless to the
+        order: the base seed is already drawn, as it would be before the first batch."""
+        if self._peeked is None and self._position == 0 and self._sampler_iter is not None:
+            try:
+                self._peeked = self._next_payload()
+            except StopIteration:
+                pass
 
     def _next_payload(self) -> tuple[int, Any]:
         """The next task's place in the epoch and its indices (StopIteration at the end).
         Places delivered out of order before a resume (in_order=False) are passed over."""
+        if self._peeked is not None:
+            peeked, self._peeked = self._peeked, None
+            return peeked
         while True:
             position = self._position
             self._progress.dispatching(position, self._cursor, self._sampler_iter)

@@ -283,6 +283,8 @@ class Progress:
     streams: dict[int, WorkerStream] = field(default_factory=dict)
     last_worker: int = -1
     started: bool = True  # False: a state taken before any iter()
+    resumed: bool = False
+    prime: Any = None  # weak method of the iterator: start the sampler's pass before a state
 
     @classmethod
     def starting(cls, *, iterable: bool, num_workers: int, base_seed: int, epoch: int,
@@ -299,8 +301,6 @@ class Progress:
             p.last_worker = resume.last_worker
             p.resumed = True
         return p
-
-    resumed: bool = False
 
     def resume_stream(self, worker_id: int) -> dict | None:
         """Where worker `worker_id`'s stream restarts (None: from its start)."""
@@ -373,6 +373,9 @@ class Progress:
 
     # -- the state ---------------------------------------------------------------------------
     def state(self, check: dict) -> dict:
+        prime = self.prime() if self.prime is not None else None
+        if prime is not None and self.sampler_snapshot == (0, None) and not self.finished:
+            prime()
         step, sampler_state = self.sampler_snapshot
         main = {NUM_WORKERS: self.num_workers, INDEX_SAMPLER_STATE: sampler_state,
                 SAMPLER_ITER_YIELDED: self.delivered_prefix, BASE_SEED: self.base_seed}

@@ -1,0 +1,93 @@
+"""Datasets for the resume tests (importable, so spawned workers can unpickle them)."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+
+class Noisy(Dataset):
+    """Index plus draws from the three global RNGs a transform would use (random, numpy, torch)."""
+
+    def __init__(self, n: int = 11):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        noise = np.array([random.random(), np.random.rand(), torch.rand(()).item()])
+        return i, noise
+
+
+class Stream(IterableDataset):
+    """Items `worker_id * 1000 + k`, k < n per worker, with a random draw each (no state)."""
+
+    def __init__(self, n: int = 7):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        for k in range(self.n + wid):  # uneven streams: the interleaving must survive a resume
+            yield wid * 1000 + k, np.random.rand()
+
+
+class StatefulStream(IterableDataset):
+    """A stream with its own state_dict/load_state_dict; `restored_in` tells which process (and
+    from what) the state was loaded, so tests can check it ran inside the worker."""
+
+    def __init__(self, n: int = 9):
+        self.n = n
+        self.start = 0
+        self.restored_in = -1
+        self.next_k = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        k = self.start
+        self.start = 0
+        while k < self.n:
+            self.next_k = k + 1
+            yield wid * 1000 + k, self.restored_in
+            k += 1
+
+    def state_dict(self) -> dict:
+        return {"next": self.next_k}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["next"]
+        self.next_k = self.start
+        self.restored_in = os.getpid()
+
+
+class SeededPermutation(Sampler):
+    """A sampler with its own state: a permutation from a seed, and how far it got."""
+
+    def __init__(self, n: int, seed: int = 3):
+        self.n, self.seed, self.pos, self.resume_at = n, seed, 0, 0
+        self.state_calls = 0
+        self.main_pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        order = list(range(self.n))
+        random.Random(self.seed).shuffle(order)
+        self.pos, self.resume_at = self.resume_at, 0
+        while self.pos < self.n:
+            self.pos += 1
+            yield order[self.pos - 1]
+
+    def state_dict(self) -> dict:
+        assert os.getpid() == self.main_pid  # asked in the main process only
+        self.state_calls += 1
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resume_at = state["pos"]
