@@ -91,3 +91,19 @@ class SeededPermutation(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         self.resume_at = state["pos"]
+
+
+class RandomCropCHW:
+    """A random s x s crop of a CHW uint8 image (numpy RNG) and a random flip (torch RNG)."""
+
+    def __init__(self, s: int):
+        self.s = s
+
+    def __call__(self, x, out=None):
+        s = self.s
+        y0 = np.random.randint(0, x.shape[1] - s + 1)
+        x0 = np.random.randint(0, x.shape[2] - s + 1)
+        crop = x[:, y0:y0 + s, x0:x0 + s]
+        if torch.rand(()) < 0.5:
+            crop = crop[:, :, ::-1]
+        return np.ascontiguousarray(crop)

@@ -10,7 +10,7 @@ import torch
 
 from pooled_loader import PooledLoader
 from pooled_loader.resume import ResumableRandomSampler, StateMismatch, sample_seed
-from tests.resume_datasets import Noisy, SeededPermutation, StatefulStream, Stream
+from resume_datasets import Noisy, SeededPermutation, StatefulStream, Stream
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create",
                                         "ignore:PooledLoader. every slot")
@@ -242,3 +242,33 @@ def test_shuffled_pooled_loader_still_matches_dataloader_order():
     theirs = [b[0].tolist() for b in torch.utils.data.DataLoader(
         Noisy(20), generator=torch.Generator().manual_seed(3), **kw)]
     assert ours == theirs
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_resume_semantics_match_torchdata_stateful_dataloader(kind):
+    """Before the first batch, at every step, inside the last step and after the end, the
+    remaining batches are those StatefulDataLoader gives."""
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    from loader_datasets import Counting
+
+    def remaining(cls, k, after_end=False):
+        ds = Noisy(9) if kind == "map" else Counting(9)
+        make = lambda: cls(ds, batch_size=2, num_workers=2)  # noqa: E731
+        loader = make()
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        if after_end:
+            for _ in it:
+                pass
+        state = loader.state_dict()
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        out = [plain(b) for b in resumed]
+        return [b[0] for b in out] if kind == "map" else out
+
+    for k in (0, 2, 5):  # before the first batch, mid-epoch, inside the last step
+        assert remaining(PooledLoader, k) == remaining(tdl.StatefulDataLoader, k), k
+    assert remaining(PooledLoader, 5, True) == remaining(tdl.StatefulDataLoader, 5, True)

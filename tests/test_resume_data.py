@@ -1,0 +1,143 @@
+"""Resume with real data (issue 9): ImageFolder with random crops and flips, CachedDataset with
+variants, and map-style loaders on gloo ranks."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from imgutil import make_folder
+from pooled_loader import PooledLoader
+from pooled_loader.cache import CachedDataset, build_cache
+from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
+                                  RandomResizedCrop, ToCHW)
+from resume_datasets import Noisy, RandomCropCHW
+from test_cache import make_jpegs, random_front
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def epoch(loader, stop_after=None):
+    """The epoch's batches as tensors, and the state after `stop_after` of them."""
+    batches, state = [], None
+    for batch in loader:
+        batches.append([t.clone() if isinstance(t, torch.Tensor) else t for t in batch])
+        if len(batches) == stop_after:
+            state = json.loads(json.dumps(loader.state_dict()))
+    return batches, state
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_image_folder_with_random_crop_and_flip_resumes_bit_identically(tmp_path):
+    root = str(tmp_path / "imgs")
+    make_folder(root, n_per_class=7)
+
+    def make(workers):
+        ds = ImageFolder(root, transform=Compose([DecodeImage(), RandomResizedCrop(24),
+                                                  RandomHorizontalFlip(), ToCHW()]))
+        return PooledLoader(ds, batch_size=3, shuffle=True, num_workers=workers,
+                            per_sample_seed=True, generator=torch.Generator().manual_seed(4))
+
+    full, state = epoch(make(2), stop_after=2)
+    assert_same(epoch(make(2))[0], full)  # the augmentation is random per sample, reproducibly
+    for workers in (2, 0):
+        loader = make(workers)
+        loader.load_state_dict(state)
+        assert_same(epoch(loader)[0], full[2:])
+
+
+def test_cached_dataset_with_variants_resumes_exactly_in_its_epoch(tmp_path):
+    jpegs = make_jpegs(str(tmp_path / "jpegs"), n=12)
+    path = str(tmp_path / "c.plc")
+    build_cache(random_front(jpegs), path, variants=2, seed=3, num_workers=0, progress=False)
+
+    def make():
+        ds = CachedDataset(path, transform=RandomCropCHW(8))
+        return PooledLoader(ds, batch_size=4, shuffle=True, num_workers=2, per_sample_seed=True,
+                            persistent_workers=True, generator=torch.Generator().manual_seed(1))
+
+    loader = make()
+    loader.set_epoch(0)
+    epoch0, _ = epoch(loader)
+    loader.set_epoch(1)
+    epoch1, state = epoch(loader, stop_after=1)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(epoch0, epoch1))  # another variant
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same(epoch(resumed)[0], epoch1[1:])
+
+
+WORLD = 2
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank, port, out_dir):
+    """One rank: an epoch with a state saved after 2 batches, then a new loader resumed from it;
+    the collective per batch keeps the ranks in step as DDP would."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=30))
+    try:
+        def make():
+            loader = PooledLoader(Noisy(23), batch_size=3, shuffle=True, distributed=True,
+                                  num_workers=1, per_sample_seed=True)
+            loader.set_epoch(5)
+            return loader
+        full, state = [], None
+        loader = make()
+        for batch in loader:
+            full.append([batch[0].tolist(), batch[1].tolist()])
+            dist.all_reduce(torch.ones(1))
+            if len(full) == 2:
+                state = json.loads(json.dumps(loader.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = [[b[0].tolist(), b[1].tolist()] for b in resumed]
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"full": full, "rest": rest, "rank": state["_pooled"]["rank"]}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_each_gloo_rank_saves_and_resumes_its_own_shard(tmp_path):
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp_path))) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    try:
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * WORLD, "a rank failed or hung"
+    results = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(WORLD)]
+    seen = []
+    for r, res in enumerate(results):
+        assert res["rank"] == r
+        assert res["rest"] == res["full"][2:]
+        seen += [i for b in res["full"] for i in b[0]]
+    assert sorted(seen)[:23] == list(range(23)) or set(seen) == set(range(23))
