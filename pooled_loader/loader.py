@@ -410,11 +410,40 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda
             if on_cuda:
                 depth = self.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-                return DeviceIter(it, self.device, depth=depth,
-                                  transform=self.device_transform, backend=backend)
+                return _HandedOut(DeviceIter(it, self.device, depth=depth,
+                                             transform=self.device_transform, backend=backend),
+                                  it)
         if self.device_transform is not None:
             return _HostTransformIter(it, self.device_transform)
         return it
+
+
+class _HandedOut:
+    """Around a stage that prefetches batches from our iterator (cuda.DeviceIter): a batch
+    counts as delivered for `state_dict()` only when this hands it to the training loop."""
+
+    def __init__(self, stage: Any, base: "_IterBase") -> None:
+        self.stage, self.base = stage, base
+        base._deferred = True
+        base._progress.deferred = True
+
+    def __iter__(self) -> "_HandedOut":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self.stage)
+        except StopIteration:
+            self.base._progress.commit(everything=True)
+            raise
+        self.base._progress.commit()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.stage)
+
+    def __getattr__(self, name: str) -> Any:  # _reset, _stop, close, _workers, ...
+        return getattr(self.stage, name)
 
 
 class _HostTransformIter:
@@ -535,6 +564,7 @@ class _IterBase:
         self._progress = Progress.starting(
             iterable=self._iterable, num_workers=loader.num_workers, base_seed=self._seed,
             epoch=self._seed_epoch, snapshot_every=loader.snapshot_every_n_steps, resume=resume)
+        self._progress.deferred = getattr(self, "_deferred", False)
         self._position = self._progress.delivered_prefix  # the next task's place in the epoch
         self._peeked: tuple[int, Any] | None = None
         if not self._iterable:
@@ -643,7 +673,7 @@ class _InProcessIter(_IterBase):
             try:
                 position, payload = self._next_payload()
             except StopIteration:
-                self._progress.finished = True
+                self._progress.finish()
                 self._epoch_done()
                 raise
         ref = self._pool.acquire()
@@ -661,7 +691,7 @@ class _InProcessIter(_IterBase):
         if result is None:
             self._pool.release(ref)
             self._progress.delivered_end(0)
-            self._progress.finished = True
+            self._progress.finish()
             self._epoch_done()
             raise StopIteration
         batch = self._build(result)
@@ -909,7 +939,7 @@ class _WorkerIter(_IterBase):
                 return batch
             if not self._tasks and (self._sampler_done or not any(
                     w.active for w in self._worker_states)):
-                self._progress.finished = True
+                self._progress.finish()
                 self._epoch_done()
                 if not self._persistent:
                     self._stop()

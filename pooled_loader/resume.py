@@ -20,6 +20,7 @@ The layout follows torchdata's StatefulDataLoader where that costs nothing (its 
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import itertools
 import random
@@ -285,6 +286,10 @@ class Progress:
     started: bool = True  # False: a state taken before any iter()
     resumed: bool = False
     prime: Any = None  # weak method of the iterator: start the sampler's pass before a state
+    # With a prefetching stage after the iterator (cuda.DeviceIter), a batch counts as delivered
+    # only when that stage hands it to the loop: deliveries wait in `held` until `commit()`.
+    deferred: bool = False
+    held: collections.deque = field(default_factory=collections.deque)
 
     @classmethod
     def starting(cls, *, iterable: bool, num_workers: int, base_seed: int, epoch: int,
@@ -335,7 +340,34 @@ class Progress:
         if now is not None and due:
             self.pending_snapshots[position + 1] = now
 
+    def _record(self, batch: bool, apply: Any, *args: Any) -> None:
+        if self.deferred:
+            self.held.append((batch, apply, args))
+        else:
+            apply(*args)
+
+    def commit(self, everything: bool = False) -> None:
+        """The stage after the iterator handed out one more batch (or all, at its end)."""
+        while self.held:
+            batch, apply, args = self.held.popleft()
+            apply(*args)
+            if batch and not everything:
+                return
+
     def delivered_task(self, position: int) -> None:
+        self._record(True, self._delivered_task, position)
+
+    def delivered_batch(self, worker_id: int, position: Any) -> None:
+        """Worker `worker_id`'s batch (whose Done carried `position`) was handed out."""
+        self._record(True, self._delivered_batch, worker_id, position)
+
+    def delivered_end(self, worker_id: int) -> None:
+        self._record(False, self._delivered_end, worker_id)
+
+    def finish(self) -> None:
+        self._record(False, setattr, self, "finished", True)
+
+    def _delivered_task(self, position: int) -> None:
         self.num_yielded += 1
         if position != self.delivered_prefix:
             self.delivered_ahead.add(position)
@@ -358,8 +390,7 @@ class Progress:
             self.streams[worker_id] = WorkerStream(worker_id)
         return self.streams[worker_id]
 
-    def delivered_batch(self, worker_id: int, position: Any) -> None:
-        """Worker `worker_id`'s batch (whose Done carried `position`) was handed out."""
+    def _delivered_batch(self, worker_id: int, position: Any) -> None:
         self.num_yielded += 1
         self.last_worker = worker_id
         s = self.stream(worker_id)
@@ -368,7 +399,7 @@ class Progress:
             s.dataset_state, s.iter_state = position.snapshot
             s.items_at_snapshot = position.items
 
-    def delivered_end(self, worker_id: int) -> None:
+    def _delivered_end(self, worker_id: int) -> None:
         self.stream(worker_id).ended = True
 
     # -- the state ---------------------------------------------------------------------------

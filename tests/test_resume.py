@@ -272,3 +272,20 @@ def test_resume_semantics_match_torchdata_stateful_dataloader(kind):
     for k in (0, 2, 5):  # before the first batch, mid-epoch, inside the last step
         assert remaining(PooledLoader, k) == remaining(tdl.StatefulDataLoader, k), k
     assert remaining(PooledLoader, 5, True) == remaining(tdl.StatefulDataLoader, 5, True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_staged_ahead_for_the_device_count_only_once_handed_out(workers):
+    from test_cuda import ManualBackend  # the CUDA runtime's stand-in: copies are clones
+    from pooled_loader.cuda import DeviceIter
+    from pooled_loader.loader import _HandedOut
+    loader = PooledLoader(Noisy(12), batch_size=2, num_workers=workers)
+    base = loader._get_iterator()
+    it = _HandedOut(DeviceIter(base, "cpu", depth=3, backend=ManualBackend()), base)
+    got = [next(it)[0].tolist() for _ in range(2)]
+    assert base._progress.held  # the device stage holds batches not yet handed out
+    state = loader.state_dict()
+    assert state["_snapshot"]["_snapshot_step"] == 2
+    rest = resumed(PooledLoader(Noisy(12), batch_size=2, num_workers=workers), state)
+    assert got + [b[0] for b in rest] == [[i, i + 1] for i in range(0, 12, 2)]
+    assert sum(1 for _ in it) == 4 and loader.state_dict()["_iterator_finished"]
