@@ -268,7 +268,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         iterable = isinstance(self.dataset, IterableDataset)
         length = None
         if not iterable:
-            length = len(self.dataset)
+            try:
+                length = len(self.dataset)
+            except TypeError:  # a map-style dataset without len(), read through its sampler
+                pass
         index_sampler = self._index_sampler
         names = [type(index_sampler).__name__]
         inner = getattr(index_sampler, "sampler", None)

@@ -482,7 +482,7 @@ def parse(state: Any, check: dict) -> Resume:
     saved = state[POOLED]
     for key, mine in check.items():
         theirs = saved.get(key, "<missing>")
-        if key in ("num_workers", "loader_epoch") and not check["iterable"]:
+        if key == "num_workers" and not check["iterable"]:
             continue  # map-style: elastic (the order does not depend on the workers)
         if theirs != mine:
             raise StateMismatch(
