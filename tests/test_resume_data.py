@@ -28,7 +28,8 @@ def epoch(loader, stop_after=None):
     """The epoch's batches as tensors, and the state after `stop_after` of them."""
     batches, state = [], None
     for batch in loader:
-        batches.append([t.clone() if isinstance(t, torch.Tensor) else t for t in batch])
+        batches.append(batch.clone() if isinstance(batch, torch.Tensor) else
+                       [t.clone() if isinstance(t, torch.Tensor) else t for t in batch])
         if len(batches) == stop_after:
             state = json.loads(json.dumps(loader.state_dict()))
     return batches, state
@@ -141,3 +142,28 @@ def test_each_gloo_rank_saves_and_resumes_its_own_shard(tmp_path):
         assert res["rest"] == res["full"][2:]
         seen += [i for b in res["full"] for i in b[0]]
     assert sorted(seen)[:23] == list(range(23)) or set(seen) == set(range(23))
+
+
+def test_webdataset_resumes_through_the_loader_with_its_own_state(tmp_path):
+    """The loader calls WebDataset.state_dict() inside each worker and restores it there; the
+    resumed loader continues each worker's stream mid-shard."""
+    import webdataset as wds
+    from pooled_loader.webdataset import WebDataset
+    gid = 0
+    for s, size in enumerate([7, 5, 9, 6]):
+        with wds.TarWriter(str(tmp_path / f"shard-{s}.tar"), encoder=False) as w:
+            for _ in range(size):
+                w.write({"__key__": f"{gid:06d}", "txt": str(gid).encode()})
+                gid += 1
+    urls = sorted(str(p) for p in tmp_path.glob("shard-*.tar"))
+
+    def make():
+        ds = WebDataset(urls, transform=lambda s: int(s["txt"]), shuffle_buffer=4, seed=3)
+        return PooledLoader(ds, batch_size=3, num_workers=2, snapshot_every_n_steps=2)
+
+    loader = make()
+    full, state = epoch(loader, stop_after=3)
+    assert state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"] is not None
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in epoch(resumed)[0]] == [b.tolist() for b in full[3:]]
