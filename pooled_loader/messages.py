@@ -26,7 +26,9 @@ from typing import Any
 from .layout import Leaf
 from .pool import SlotRef
 
-_MESSAGE = dict(frozen=True, slots=True, kw_only=True)
+# No __slots__: a slotted dataclass pickles through Python-level __getstate__/__setstate__
+# (several times slower per message); with a __dict__, pickle copies it in C.
+_MESSAGE = dict(frozen=True, kw_only=True)
 
 
 # -- payloads -------------------------------------------------------------------------------------
