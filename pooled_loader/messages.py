@@ -91,7 +91,6 @@ class Reset:
     `stream` (a `resume.WorkerStream` as a dict) when resuming from a saved state."""
 
     stream: dict | None = None
-
     shared_seed: int | None = None  # the new epoch's seed for a datapipe graph (DataLoader's)
 
 
