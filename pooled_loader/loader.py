@@ -33,6 +33,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from .constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES,
                         default_pool_slots)
 from .errors import WorkerError
+from .interrupts import install_interrupt_guard, signals_held_for_start
 from .layout import unflatten
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        SetEpoch, Slot, Task)
@@ -95,30 +96,49 @@ def timeout_message(timeout: float) -> str:
             "indefinitely)")
 
 
-def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = None) -> None:
-    """Stop worker processes: ask politely, then terminate, then kill. Never hangs."""
-    if owner_pid is not None and owner_pid != os.getpid():
-        return  # a forked child collected its copy of the iterator: the workers are not its own
-    for w in workers:
-        try:
-            w.conn.send(None)
-        except (OSError, ValueError):
-            pass
+def _send_nowait(conn: Any, msg: Any) -> None:
+    """Send ``msg`` unless the pipe is full (its worker is about to be terminated anyway)."""
     try:
-        lifeline.close()
-    except OSError:
+        os.set_blocking(conn.fileno(), False)
+        conn.send(msg)
+    except (OSError, ValueError):
         pass
-    deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+
+
+def _join_all(workers: list[_Worker], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
     for w in workers:
         w.process.join(max(0.0, deadline - time.monotonic()))
+
+
+def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = None) -> None:
+    """Stop worker processes: ask politely, then terminate, then kill. Never hangs: the stop
+    message is sent without blocking (a worker's full pipe cannot stall it), each step waits for
+    all workers at once, and a Ctrl-C meanwhile cuts the polite wait short and is raised once
+    every worker is gone."""
+    if owner_pid is not None and owner_pid != os.getpid():
+        return  # a forked child collected its copy of the iterator: the workers are not its own
+    started = [w for w in workers if w.process.pid is not None]
+    interrupted = None
+    try:
+        for w in workers:
+            _send_nowait(w.conn, None)
+        try:
+            lifeline.close()
+        except OSError:
+            pass
+        _join_all(started, SHUTDOWN_TIMEOUT_S)
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    for stop in ("terminate", "kill"):
+        alive = [w for w in started if w.process.is_alive()]
+        for w in alive:
+            getattr(w.process, stop)()
+        _join_all(alive, 1.0)
     for w in workers:
-        if w.process.is_alive():
-            w.process.terminate()
-            w.process.join(1.0)
-        if w.process.is_alive():
-            w.process.kill()
-            w.process.join(1.0)
         w.conn.close()
+    if interrupted is not None:
+        raise interrupted
 
 
 def _forget_arena_hook(workers: list[_Worker]) -> Callable:
@@ -485,6 +505,7 @@ class _IterBase:
     """What both iterators share: turning done-messages into batches, and bookkeeping."""
 
     def __init__(self, loader: PooledLoader) -> None:
+        install_interrupt_guard()
         self._pool = loader._get_pool()
         self._stats = loader._stats
         self._iterable = isinstance(loader.dataset, IterableDataset)
@@ -743,14 +764,15 @@ class _WorkerIter(_IterBase):
                 self._cfg.close_in_child.append(parent.fileno())
                 proc = self._ctx.Process(target=worker_loop, args=(self._cfg, wid, child,
                                                                    lifeline_r), daemon=True)
+                workers.append(_Worker(wid, proc, parent))  # before start: a Ctrl-C stops it
                 try:
-                    proc.start()
+                    with signals_held_for_start():
+                        proc.start()
                 except (TypeError, AttributeError, pickle.PicklingError):
                     warnings.warn(PICKLE_WARNING, stacklevel=4)
                     raise
                 child.close()
                 self._cfg.close_in_child.remove(parent.fileno())
-                workers.append(_Worker(wid, proc, parent))
         except BaseException:
             _shutdown(workers, lifeline_w)
             raise
@@ -804,9 +826,23 @@ class _WorkerIter(_IterBase):
         """DataLoader's iterator's name for stopping its workers (torch's tests call it)."""
         self._stop()
 
+    def _stop_on_interrupt(self, exc: BaseException) -> None:
+        """Ctrl-C (or SystemExit from a signal handler) may have cut a message in half: stop the
+        workers now; the next epoch starts fresh ones."""
+        if not isinstance(exc, Exception):
+            self._broken = True
+            self._stop()
+
     def _reset(self, loader: PooledLoader) -> None:
         """A new epoch on persistent workers (called by DataLoader.__iter__), possibly from a
         loaded state."""
+        try:
+            self._reset_workers(loader)
+        except BaseException as exc:
+            self._stop_on_interrupt(exc)
+            raise
+
+    def _reset_workers(self, loader: PooledLoader) -> None:
         self._reset_length_check(loader)
         self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(loader)
         seed_before = self._seed
@@ -917,6 +953,13 @@ class _WorkerIter(_IterBase):
         raise WorkerError(message)
 
     def __next__(self) -> Any:
+        try:
+            return self._next_batch()
+        except BaseException as exc:
+            self._stop_on_interrupt(exc)
+            raise
+
+    def _next_batch(self) -> Any:
         started = time.perf_counter()
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:

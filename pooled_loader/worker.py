@@ -27,6 +27,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data.graph_settings import apply_random_seed
 
 from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
+from .interrupts import ignore_sigint_in_worker
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, metas_in_sequences, place, same_structure)
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
@@ -462,7 +463,7 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
 
 def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
     """Body of a worker process: answer tasks until told to stop or the main process is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint_in_worker()  # blocked across the start: see pooled_loader.interrupts
     if cfg.start_method == "fork":
         for fd in cfg.close_in_child:
             try:
