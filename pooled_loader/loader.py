@@ -7,8 +7,10 @@ and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is o
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -105,6 +107,19 @@ def _send_nowait(conn: Any, msg: Any) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _gc_frozen() -> Iterator[None]:
+    """Forked workers must not collect what they inherit: a finalizer of the main process's
+    garbage would run in them (an old iterator's shutdown), and the collector's bookkeeping
+    writes would copy the parent's pages (copy-on-read). ``gc.freeze`` across the fork hides
+    those objects from the child's collector for good; the parent collects them as before."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _join_all(workers: list[_Worker], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for w in workers:
@@ -115,7 +130,7 @@ def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = Non
     """Stop worker processes: ask politely, then terminate, then kill. Never hangs: the stop
     message is sent without blocking (a worker's full pipe cannot stall it), each step waits for
     all workers at once, and a Ctrl-C meanwhile cuts the polite wait short and is raised once
-    every worker is gone."""
+    every worker is gone. Does nothing in another process (a forked child that inherited it)."""
     if owner_pid is not None and owner_pid != os.getpid():
         return  # a forked child collected its copy of the iterator: the workers are not its own
     started = [w for w in workers if w.process.pid is not None]
@@ -766,7 +781,7 @@ class _WorkerIter(_IterBase):
                                                                    lifeline_r), daemon=True)
                 workers.append(_Worker(wid, proc, parent))  # before start: a Ctrl-C stops it
                 try:
-                    with signals_held_for_start():
+                    with signals_held_for_start(), _gc_frozen():
                         proc.start()
                 except (TypeError, AttributeError, pickle.PicklingError):
                     warnings.warn(PICKLE_WARNING, stacklevel=4)
@@ -774,7 +789,7 @@ class _WorkerIter(_IterBase):
                 child.close()
                 self._cfg.close_in_child.remove(parent.fileno())
         except BaseException:
-            _shutdown(workers, lifeline_w)
+            _shutdown(workers, lifeline_w, os.getpid())
             raise
         finally:
             lifeline_r.close()
