@@ -909,8 +909,11 @@ class _WorkerIter(_IterBase):
             self._tasks[task_id] = (worker, ref)
             worker.outstanding += 1
             self._task_info[task_id] = (position, worker.id)
-            worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload, ref=ref,
-                                  seed_epoch=self._seed_epoch))
+            try:
+                worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload,
+                                      ref=ref, seed_epoch=self._seed_epoch))
+            except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
+                self._worker_died(worker)
 
     def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot) -> None:
         if type(msg) is NeedSlot:
