@@ -5,11 +5,11 @@ from typing import Any
 
 import torch.utils.data
 
-from .errors import SampleError, WorkerError
+from .errors import PoolAllocationError, SampleError, WorkerError
 from .loader import PooledLoader
 from .pool import SlotPool
 
-__all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "get_worker_info"]
+__all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAllocationError", "get_worker_info"]
 __version__ = "0.1.0"
 
 

@@ -16,6 +16,11 @@ class WorkerError(RuntimeError):
     """A worker process died or stopped answering."""
 
 
+class PoolAllocationError(MemoryError):
+    """The batch pool could not get (or a worker could not map) more shared memory: the message
+    names the limit in force (``ulimit -v``, ``ulimit -n``, ...) and what to change."""
+
+
 class ClassMismatchError(ValueError):
     """Two datasets (an ImageFolder and shards or a cache made from a folder) number their
     classes differently, so the same label would mean different classes."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import errno
 import functools
 import gc
 import itertools
@@ -34,7 +35,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES,
                         default_pool_slots)
-from .errors import WorkerError
+from .errors import PoolAllocationError, WorkerError
 from .interrupts import install_interrupt_guard, signals_held_for_start
 from .layout import unflatten
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
@@ -82,6 +83,11 @@ def describe_exit(worker_id: int, pid: int | None, exitcode: int | None) -> str:
         if name == "SIGBUS":
             text += ("It is possible that dataloader's workers are out of shared memory. "
                      "Please try to raise your shared memory limit. ")
+        if name == "SIGKILL":
+            ours += (" was killed by SIGKILL: if nobody sent it, the kernel's OOM killer did "
+                     "(see `dmesg`); lower num_workers, batch_size, prefetch_factor or what a "
+                     "sample holds in memory")
+            return f"{text}{ours}.)"
         return (f"{text}{ours} was killed by {name}; rerun with num_workers=0 to see where "
                 "it fails.)")
     if exitcode:
@@ -118,6 +124,30 @@ def _gc_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+FDS_PER_WORKER = 3  # this process's end of its socket pair, and its process's two pipe ends
+FDS_TO_START = 6  # the lifeline pipe, and a worker's socket end and fork pipes while it starts
+
+
+def _out_of_fds(num_workers: int) -> str:
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"PooledLoader: not enough file descriptors to start {num_workers} workers: "
+            f"{len(os.listdir('/proc/self/fd'))} are open, ulimit -n is {soft}, and the workers "
+            f"need about {FDS_PER_WORKER * num_workers + FDS_TO_START} more ({FDS_PER_WORKER} "
+            "each, plus one per pool arena). Fix: raise the limit (`ulimit -n 65536`, or "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or use fewer workers.")
+
+
+def _check_fd_headroom(num_workers: int) -> None:
+    """Fail before starting anything (multiprocessing leaks a pipe when fork's second pipe
+    cannot be made)."""
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = FDS_PER_WORKER * num_workers + FDS_TO_START
+    if soft != resource.RLIM_INFINITY and len(os.listdir("/proc/self/fd")) + need > soft:
+        raise OSError(errno.EMFILE, _out_of_fds(num_workers))
 
 
 def _join_all(workers: list[_Worker], timeout: float) -> None:
@@ -770,6 +800,7 @@ class _WorkerIter(_IterBase):
 
     # -- workers -----------------------------------------------------------------------------
     def _start_workers(self) -> None:
+        _check_fd_headroom(self._num_workers)
         lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
         self._cfg.close_in_child = [lifeline_w.fileno()]
         workers = []
@@ -788,8 +819,10 @@ class _WorkerIter(_IterBase):
                     raise
                 child.close()
                 self._cfg.close_in_child.remove(parent.fileno())
-        except BaseException:
+        except BaseException as exc:
             _shutdown(workers, lifeline_w, os.getpid())
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise OSError(exc.errno, _out_of_fds(self._num_workers)) from exc
             raise
         finally:
             lifeline_r.close()
@@ -842,9 +875,10 @@ class _WorkerIter(_IterBase):
         self._stop()
 
     def _stop_on_interrupt(self, exc: BaseException) -> None:
-        """Ctrl-C (or SystemExit from a signal handler) may have cut a message in half: stop the
-        workers now; the next epoch starts fresh ones."""
-        if not isinstance(exc, Exception):
+        """Ctrl-C (or SystemExit from a signal handler) may have cut a message in half, and a
+        pool that cannot grow leaves a worker waiting for its slot: stop the workers now; the
+        next epoch starts fresh ones."""
+        if not isinstance(exc, Exception) or isinstance(exc, PoolAllocationError):
             self._broken = True
             self._stop()
 

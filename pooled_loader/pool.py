@@ -8,6 +8,7 @@ a slot returns to it when the last view of the batch that lives in it is gone (`
 from __future__ import annotations
 
 import collections
+import errno
 import contextlib
 import mmap
 import os
@@ -19,9 +20,32 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .errors import PoolAllocationError
 from .constants import DRY_GROWTH_DIVISOR, DRY_GROWTH_MIN_SLOTS, OVERSIZE_HEADROOM, round_up
 
 PAGE = mmap.PAGESIZE
+_LIMITS = (("ulimit -v (address space)", "RLIMIT_AS"), ("ulimit -n (open files)", "RLIMIT_NOFILE"),
+           ("ulimit -f (file size)", "RLIMIT_FSIZE"))
+
+
+def allocation_failure(exc: OSError, nbytes: int, what: str) -> str:
+    """Why ``what`` could not map ``nbytes`` of pool memory: the error, the limits in force and
+    the fixes. Used in the main process (growing the pool) and in workers (mapping an arena)."""
+    import resource
+
+    limits = []
+    for name, attr in _LIMITS:
+        soft = resource.getrlimit(getattr(resource, attr))[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(f"{name} = {soft if 'open' in name else f'{soft / 2**20:.0f} MiB'}")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        limits.append(f"{len(os.listdir('/proc/self/fd'))} fds open")
+    return (f"PooledLoader: {what} could not map {nbytes / 2**20:.1f} MiB of shared memory for "
+            f"the batch pool ({exc.strerror or exc}). Limits in force: "
+            f"{', '.join(limits) or 'no ulimit; the memory cgroup or the machine is full'}. "
+            "Fix: raise the limit, or lower batch_size, prefetch_factor or pool_slots, and keep "
+            "fewer batches alive in the training loop (a batch held keeps its slot, so the pool "
+            "grows).")
 
 
 _release_state = threading.local()
@@ -61,8 +85,12 @@ class Arena:
         self.num_slots = num_slots
         self.nbytes = self.slot_bytes * num_slots
         self.fd = os.memfd_create(f"pooled_loader-{os.getpid()}-{arena_id}", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.nbytes)
-        self._mmap = mmap.mmap(self.fd, self.nbytes)
+        try:
+            os.ftruncate(self.fd, self.nbytes)
+            self._mmap = mmap.mmap(self.fd, self.nbytes)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)
         self.address = self.array.ctypes.data
         # The mapping goes when its last view does; the fd when the arena object is collected
@@ -136,7 +164,14 @@ class SlotPool:
 
     # -- arenas ---------------------------------------------------------------------------------
     def _add_arena(self, slot_bytes: int, num_slots: int) -> Arena:
-        arena = Arena(self._next_arena, slot_bytes, num_slots)
+        try:
+            arena = Arena(self._next_arena, slot_bytes, num_slots)
+        except OSError as exc:
+            have = sum(a.nbytes for a in self._arenas.values())
+            raise PoolAllocationError(allocation_failure(
+                exc, round_up(max(slot_bytes, 1), PAGE) * num_slots,
+                f"the main process (pool: {have / 2**20:.0f} MiB in {self.capacity()} slots)")
+            ) from exc
         self._next_arena += 1
         for hook in self.on_new_arena:  # (pinning) before any slot of it can be handed out
             hook(arena)
@@ -303,6 +338,9 @@ class ArenaMap:
                 fd = os.open(f"/proc/{ref.owner_pid}/fd/{ref.fd}", os.O_RDWR)
             try:
                 mm = mmap.mmap(fd, ref.arena_bytes)
+            except OSError as exc:
+                raise PoolAllocationError(allocation_failure(
+                    exc, ref.arena_bytes, f"worker process {os.getpid()}")) from exc
             finally:
                 os.close(fd)
             entry = (mm, np.frombuffer(mm, dtype=np.uint8))
