@@ -128,7 +128,8 @@ class SlotLease:
         return np.asarray(self)
 
     def __del__(self) -> None:
-        release, self._release = self._release, None
+        # getattr: a Ctrl-C may have cut __init__ short before _release was set
+        release, self._release = getattr(self, "_release", None), None
         if release is not None:
             release(self)
 
