@@ -103,6 +103,7 @@ def test_running_out_of_file_descriptors_while_starting_workers_names_ulimit_n()
 
 @pytest.mark.timeout(120)
 def test_a_worker_sigkilled_while_the_pool_is_large_gives_an_oom_hint_and_leaks_nothing():
+    gc.collect()  # earlier tests' batches may still be garbage holding their pools
     before = memfd_maps()
     loader = PooledLoader(Images(10**5, (256, 256, 4)), batch_size=4, num_workers=2, timeout=60)
     kept = []
@@ -129,4 +130,4 @@ def test_a_worker_sigkilled_while_the_pool_is_large_gives_an_oom_hint_and_leaks_
     while mp.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not mp.active_children()
-    assert memfd_maps() == before
+    assert memfd_maps() <= before
