@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 import warnings
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import webdataset as wds
+from ranks import run_ranks
 from torch.utils.data import DistributedSampler, IterableDataset
 
 import pooled_loader.distributed as pdist
@@ -86,12 +84,6 @@ def test_no_warning_without_process_group(monkeypatch):
 
 
 # -- 3 real ranks x 2 workers ----------------------------------------------------------------
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_main(rank, port, shard_dir, seed, out_dir, worker_start):
     """One rank: two epochs over the shards with a collective per batch, as DDP does (a rank
     with fewer batches would leave the others blocked until the gloo timeout). Its loader
@@ -139,22 +131,7 @@ def rank_main(rank, port, shard_dir, seed, out_dir, worker_start):
 
 def launch(shard_dir, seed, out_dir, worker_start="fork"):
     os.makedirs(out_dir)
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, shard_dir, seed, out_dir, worker_start))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 90
-    try:
-        for p in procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD, "a rank failed or hung"
+    run_ranks(rank_main, WORLD, (shard_dir, seed, out_dir, worker_start), deadline_s=90)
     results = []
     for r in range(WORLD):
         with open(os.path.join(out_dir, f"rank{r}.json")) as f:

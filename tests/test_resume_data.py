@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from imgutil import make_folder
+from ranks import run_ranks
 from pooled_loader import PooledLoader
 from pooled_loader.cache import CachedDataset, build_cache
 from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
@@ -84,12 +82,6 @@ def test_cached_dataset_with_variants_resumes_exactly_in_its_epoch(tmp_path):
 WORLD = 2
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_main(rank, port, out_dir):
     """One rank: an epoch with a state saved after 2 batches, then a new loader resumed from it;
     the collective per batch keeps the ranks in step as DDP would."""
@@ -120,21 +112,7 @@ def rank_main(rank, port, out_dir):
 
 @pytest.mark.timeout(180)
 def test_each_gloo_rank_saves_and_resumes_its_own_shard(tmp_path):
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp_path))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + 120
-    try:
-        for p in procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD, "a rank failed or hung"
+    run_ranks(rank_main, WORLD, (str(tmp_path),), deadline_s=120)
     results = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(WORLD)]
     seen = []
     for r, res in enumerate(results):
