@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_wds import Sample, make_augment, resolve_shards, run_epoch  # noqa: E402
+from bench_wds import Sample, make_augment, resolve_shards, time_epochs  # noqa: E402
 
 from pooled_loader import PooledLoader  # noqa: E402
 from pooled_loader.webdataset import WebDataset, count_samples  # noqa: E402
@@ -96,17 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         urls = {"local disk": shards,
                 "http://127.0.0.1": [f"{base}/{os.path.basename(s)}" for s in shards]}
         built = {name: build(u, augment, args.batch, args.workers) for name, u in urls.items()}
-        rates: dict[str, list[float]] = {name: [] for name in built}
-        per_cpu: dict[str, list[float]] = {name: [] for name in built}
-        for epoch in range(args.warmup + args.epochs):
-            for name, (loader, ds) in built.items():
-                n, dt, cpu = run_epoch(loader, ds, epoch)
-                if n != total:
-                    raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
-                if epoch >= args.warmup:
-                    rates[name].append(n / dt)
-                    if cpu:
-                        per_cpu[name].append(n / cpu)
+        rates, per_cpu = time_epochs(built, total, args.warmup, args.epochs)
         for loader, _ in built.values():
             loader.close()
     finally:

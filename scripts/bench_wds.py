@@ -215,6 +215,22 @@ def run_epoch(loader, dataset, epoch: int) -> tuple[int, float, float | None]:
     return n, dt, (c1 - c0 if c0 is not None and c1 is not None else None)
 
 
+def time_epochs(built: dict, total: int, warmup: int, epochs: int) -> tuple[dict, dict]:
+    """Epochs of every loader in turn (so all see the same machine load): images/s and images
+    per CPU-second of each timed epoch, by loader name; every epoch must give `total` images."""
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    per_cpu: dict[str, list[float]] = {name: [] for name in built}
+    for epoch in range(warmup + epochs):
+        for name, (loader, ds) in built.items():
+            n, dt, cpu = run_epoch(loader, ds, epoch)
+            if n != total:
+                raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
+            if epoch >= warmup:
+                rates[name].append(n / dt)
+                if cpu:
+                    per_cpu[name].append(n / cpu)
+    return rates, per_cpu
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="shard folder, ImageFolder, or where to make one")
@@ -235,17 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     augment = make_augment() if args.work == "decode" else _NoWork()
     built = {name: make(shards, augment, args.batch, args.workers)
              for name, make in LOADERS.items() if args.work == "decode" or "PIL" not in name}
-    rates: dict[str, list[float]] = {name: [] for name in built}
-    per_cpu: dict[str, list[float]] = {name: [] for name in built}
-    for epoch in range(args.warmup + args.epochs):
-        for name, (loader, ds) in built.items():
-            n, dt, cpu = run_epoch(loader, ds, epoch)
-            if n != total:
-                raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
-            if epoch >= args.warmup:
-                rates[name].append(n / dt)
-                if cpu:
-                    per_cpu[name].append(n / cpu)
+    rates, per_cpu = time_epochs(built, total, args.warmup, args.epochs)
     for loader, _ in built.values():
         del loader
     built.clear()
