@@ -3,7 +3,7 @@
 Every message is a small frozen dataclass, built with keywords only, sent over the worker's pipe.
 Only the slot's *layout* travels, never sample data: a message pickles to a few hundred bytes.
 
-Main process -> worker (sent by `loader._WorkerIter`, answered by `worker.worker_loop`):
+Main process -> worker (sent by `iterators.WorkerIter`, answered by `worker.worker_loop`):
     Task       build one batch into a slot
     Slot       the bigger slot a worker asked for with NeedSlot
     Forget     unmap a retired arena
@@ -11,7 +11,7 @@ Main process -> worker (sent by `loader._WorkerIter`, answered by `worker.worker
     SetEpoch   forward `set_epoch` to the worker's copy of the dataset
     None       stop: the worker returns
 
-Worker -> main process (sent by `worker.worker_loop`, handled by `loader._WorkerIter._handle`):
+Worker -> main process (sent by `worker.worker_loop`, handled by `iterators.WorkerIter._handle`):
     Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
     End           an iterable dataset is exhausted; the task's slot is unused
     Failed        building the batch raised (or, as in DataLoader, worker_init_fn or
@@ -36,7 +36,7 @@ _MESSAGE = dict(frozen=True, kw_only=True)
 class BatchLayout:
     """Where a built batch lies in its slot: enough for the main process to view it zero-copy.
 
-    Produced by `worker.BatchMaker.make`; turned into tensors by `loader._IterBase._build`."""
+    Produced by `worker.BatchMaker.make`; turned into tensors by `iterators._IterBase._build`."""
 
     ref: SlotRef  # the slot holding it (possibly bigger than the one the task named)
     spec: tuple  # the tree structure (layout.flatten's spec, already collated)
