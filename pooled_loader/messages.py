@@ -1,4 +1,4 @@
-"""Messages between the main process (`loader.py`) and its workers (`worker.py`).
+"""Messages between the main process (`iterators.py`) and its workers (`worker.py`).
 
 Every message is a small frozen dataclass, built with keywords only, sent over the worker's pipe.
 Only the slot's *layout* travels, never sample data: a message pickles to a few hundred bytes.
