@@ -8,8 +8,9 @@ batch size, pool size, on_error raise/skip) over a dataset whose sample ``i`` at
 int64 array filled with ``i * 1000 + e`` (so the content names the sample and proves
 ``set_epoch`` reached the workers) and whose size changes with the epoch (the pool grows). It runs 1-3 epochs with one random fault each: none, a worker SIGKILLed mid-epoch
 (WorkerError expected, the next epoch must work), exceptions from the dataset (raised, or
-skipped with ``on_error="skip"``), every batch kept until the end of the epoch, or ``break``
-mid-epoch. Then the loader is closed and dropped, and the process is checked against its state
+skipped with ``on_error="skip"``), every batch kept until the end of the epoch, ``break``
+mid-epoch, or a mid-epoch checkpoint (``state_dict()`` through JSON) that a fresh loader resumes
+with ``load_state_dict()`` (the epoch must then hold every sample exactly once). Then the loader is closed and dropped, and the process is checked against its state
 after warm-up: open fds, child processes, memfd mappings and fds (``/proc/self``), and RSS.
 
 Reports (and exits non-zero on any): hangs (an epoch over ``--epoch-timeout`` dumps every
@@ -98,12 +99,13 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
     skip = rng.random() < 0.3
     batch = rng.choice([1, 3, 8, 16])
     ds = Encoded(n)
-    loader = PooledLoader(ds, batch_size=batch, shuffle=rng.random() < 0.7, num_workers=workers,
-                          persistent_workers=persistent, on_error="skip" if skip else "raise",
-                          pool_slots=rng.choice([None, 2, 8]), timeout=60,
-                          prefetch_factor=rng.choice([1, 2, 4]))
+    options = dict(batch_size=batch, shuffle=rng.random() < 0.7, num_workers=workers,
+                   persistent_workers=persistent, on_error="skip" if skip else "raise",
+                   pool_slots=rng.choice([None, 2, 8]), timeout=60,
+                   prefetch_factor=rng.choice([1, 2, 4]))
+    loader = PooledLoader(ds, **options)
     for epoch in range(rng.randint(1, 3)):
-        fault = rng.choice(["none", "kill", "raise", "keep", "break"])
+        fault = rng.choice(["none", "kill", "raise", "keep", "break", "resume"])
         if fault == "kill" and persistent:
             fault = "none"  # the dataset copy in persistent workers is fixed at their start
         ds.bad = frozenset(rng.sample(range(n), 2)) if fault == "raise" else frozenset()
@@ -116,14 +118,26 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
         report["faults"][fault] = report["faults"].get(fault, 0) + 1
         seen: list[int] = []
         kept = []
-        stop_at = rng.randrange(1, max(2, n // batch)) if fault == "break" else None
+        stop_at = (rng.randrange(1, max(2, n // batch)) if fault in ("break", "resume")
+                   else None)
+        state = None
         try:
             for k, b in enumerate(loader):
                 check_batch(b, epoch + rnd * 10, ds.bad, seen, report["wrong"])
                 if fault == "keep":
                     kept.append((b, list(seen[-len(b[1]):])))
                 if stop_at is not None and k + 1 >= stop_at:
+                    if fault == "resume":  # a checkpoint, then a fresh loader finishes the epoch
+                        state = json.loads(json.dumps(loader.state_dict()))
                     break
+            if state is not None:
+                resumed = PooledLoader(ds, **options)
+                resumed.set_epoch(epoch + rnd * 10)
+                resumed.load_state_dict(state)
+                for b in resumed:
+                    check_batch(b, epoch + rnd * 10, ds.bad, seen, report["wrong"])
+                resumed.close()
+                stop_at = None  # the epoch is complete again: check that every sample came once
         except WorkerError:
             if fault != "kill":
                 raise

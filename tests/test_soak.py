@@ -1,5 +1,5 @@
 """scripts/soak.py for 30 seconds: random faults (worker SIGKILL, dataset exceptions raised or
-skipped, kept batches, break, set_epoch, persistent or not, pool growth), every sample checked by
+skipped, kept batches, break, mid-epoch state_dict/load_state_dict, set_epoch, persistent or not, pool growth), every sample checked by
 content, no hang, no leaked fd, process or memfd mapping."""
 import json
 import os
