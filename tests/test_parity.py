@@ -20,6 +20,7 @@ import torch
 import torch.utils.data.datapipes as dp
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from compare import assert_same
 from loader_datasets import Dying, Images, Slow
 from pooled_loader import PooledLoader, WorkerError
 
@@ -253,24 +254,6 @@ class _Unbatchable(Dataset):
         return np.array(["a", "b"]), None
 
 
-def _same(a, b) -> None:
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        if a.is_nested:
-            assert all(torch.equal(x, y) for x, y in zip(a.unbind(), b.unbind()))
-        else:
-            assert torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor))
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    else:
-        assert a == b
-
 
 @pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (1, "spawn"),
                                                 (1, "forkserver")])
@@ -281,7 +264,7 @@ def test_leaves_the_pool_cannot_hold_arrive_as_with_dataloader(batch_size, num_w
     kw = dict(batch_size=batch_size, num_workers=num_workers, multiprocessing_context=context)
     theirs = list(DataLoader(dataset, **kw))
     ours = list(PooledLoader(dataset, **kw))
-    _same(theirs, ours)
+    assert_same(theirs, ours)
     assert isinstance(ours[0][0]["tagged"], _Tagged)
 
 

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from compare import assert_same
+
 from pooled_loader import layout, trees
 from pooled_loader.cache import format as cache_format
 from pooled_loader.cuda import map_tensors
@@ -39,25 +41,6 @@ def _collect(tree):
     return trees.flatten(tree, leaf), leaves
 
 
-def _same(a, b):
-    """Equal trees, with types, arrays and tensors compared by value."""
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b)
-    else:
-        assert a == b
-
-
 SAMPLES = [
     (np.arange(6).reshape(2, 3), 7),
     [torch.ones(2, 2), "label", 3.5, True, None],
@@ -75,7 +58,7 @@ SAMPLES = [
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: type(s).__name__)
 def test_flatten_then_unflatten_gives_the_same_tree_back(sample):
     spec, leaves = _collect(sample)
-    _same(trees.unflatten(spec, lambda node: leaves[node[1]]), sample)
+    assert_same(trees.unflatten(spec, lambda node: leaves[node[1]]), sample)
     assert trees.leaf_nodes(spec) == [("leaf", i) for i in range(len(leaves))]
 
 
@@ -173,7 +156,7 @@ def test_layout_spec_format_is_unchanged():
         ("leaf", 0), ("seq", tuple, [("leaf", 1), ("meta", 0), ("meta", 1)]),
         ("namedtuple", Point, [("seq", list, [("leaf", 2)]), ("seq", tuple, [])])])
     assert metas == ["s", None] and len(arrays) == 3
-    _same(layout.unflatten(spec, arrays, metas), sample)
+    assert_same(layout.unflatten(spec, arrays, metas), sample)
     again_a, again_m = [], []
     layout.extract(spec, sample, again_a, again_m)
     assert again_m == metas and all(a is b for a, b in zip(again_a, arrays))
@@ -215,7 +198,7 @@ def test_a_stored_cache_layout_rebuilds_samples_with_plain_containers():
     values = cache_format.leaf_values(CACHE_SAMPLE, CACHE_LAYOUT)
     back = cache_format.make_unflatten(CACHE_LAYOUT)(values)
     expected = {**CACHE_SAMPLE, "p": ([1, 2], (np.int64(3),))}  # a namedtuple is stored as a tuple
-    _same(back, expected)
+    assert_same(back, expected)
 
 
 @pytest.mark.parametrize("sample, message", [
