@@ -11,16 +11,39 @@ import inspect
 import mmap
 import os
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .fingerprint import digest, fingerprint_info, variant_for_epoch
 from .format import (
     PREAMBLE_SIZE, VAR_KINDS, CacheFormatError, CacheIncompleteError, CacheMismatchError,
-    CacheRecordError, infer_layout_from_tree, make_unflatten, out_leaves, partial_progress,
+    CacheRecordError, infer_layout_from_tree, make_out_leaves, make_unflatten, partial_progress,
     read_header,
 )
+
+
+class _Columns(NamedTuple):
+    """A leaf's index arrays, looked up once per open rather than by name on every read."""
+
+    id: int
+    kind: str
+    value: np.ndarray | None  # scalar leaves
+    offset: np.ndarray | None  # variable-size leaves: where each record lies, its size, crc32
+    nbytes: np.ndarray | None
+    crc: np.ndarray | None
+    shape: np.ndarray | None  # array leaves with ndim > 0
+    dtype: np.dtype | None
+
+
+def _columns(lf: dict, arrays: dict) -> _Columns:
+    j = lf["id"]
+    col = arrays.get
+    return _Columns(j, lf["kind"], col(f"leaf{j}.value"), col(f"leaf{j}.offset"),
+                    col(f"leaf{j}.nbytes"), col(f"leaf{j}.crc"),
+                    col(f"leaf{j}.shape") if lf.get("ndim") else None,
+                    np.dtype(lf["dtype"]) if "dtype" in lf else None)
+
 
 class CachedDataset:
     """Map-style dataset over a cache file: ``(image, label)`` like the uncached pipeline.
@@ -97,13 +120,19 @@ class CachedDataset:
             raise CacheFormatError(f"{path}: source_index points outside the source; rebuild")
         self.header, self._tree, self._leaves, self._arrays = hdr, tree, leaves, arrays
         self._unflatten = make_unflatten(tree)
-        self._var = [lf["kind"] in VAR_KINDS for lf in leaves]
+        self._out_leaves = make_out_leaves(tree)
+        self._cols = [_columns(lf, arrays) for lf in leaves]
+        # the leaves _sample passes through the transform or into out: arrays and tensors
+        self._arraylike = [(lf["id"], lf["kind"] == "tensor") for lf in leaves
+                           if lf["kind"] in ("array", "tensor")]
         self._image = next((lf["id"] for lf in leaves if lf["kind"] in ("array", "tensor")), None)
+        self._count, self._variants = count, variants
         self._mm = mm
 
     def __getstate__(self) -> dict:
         d = self.__dict__.copy()
-        for k in ("_mm", "_arrays", "header", "_tree", "_leaves", "_unflatten"):
+        for k in ("_mm", "_arrays", "header", "_tree", "_leaves", "_unflatten", "_out_leaves",
+                  "_cols", "_arraylike", "_image", "_count", "_variants"):
             d.pop(k, None)
         return d
 
@@ -158,37 +187,40 @@ class CachedDataset:
 
     def _values(self, index: int, variant: int | None = None) -> list:
         self._ensure_open()
-        count = self.header["count"]
+        count = self._count
         if index < 0:
             index += count
         if not 0 <= index < count:
             raise IndexError(f"index {index} out of range for a cache of {count} samples")
-        k = self.variant(index) if variant is None else variant
-        if not 0 <= k < self.header["variants"]:
-            raise IndexError(f"variant {k} out of range: the cache stores "
-                             f"{self.header['variants']}")
-        return [self._leaf(lf, index, k) for lf in self._leaves]
+        if variant is not None:
+            k = variant
+        elif self._variants == 1:
+            k = 0
+        else:
+            k = self.variant(index)
+        if not 0 <= k < self._variants:
+            raise IndexError(f"variant {k} out of range: the cache stores {self._variants}")
+        return [self._leaf(c, index, k) for c in self._cols]
 
-    def _leaf(self, lf: dict, i: int, k: int) -> Any:
-        j, kind, a = lf["id"], lf["kind"], self._arrays
-        if kind == "none":
-            return None
-        if kind not in VAR_KINDS:
-            v = a[f"leaf{j}.value"][i, k]
+    def _leaf(self, c: _Columns, i: int, k: int) -> Any:
+        kind = c.kind
+        if c.offset is None:  # a scalar (or none) leaf
+            if kind == "none":
+                return None
+            v = c.value[i, k]
             return v if kind == "npscalar" else v.item()
-        off, n = int(a[f"leaf{j}.offset"][i, k]), int(a[f"leaf{j}.nbytes"][i, k])
-        if self.check_crc and zlib.crc32(memoryview(self._mm)[off:off + n]) \
-                != a[f"leaf{j}.crc"][i, k]:
-            raise CacheRecordError(f"{self.path}: record {i} (variant {k}) of leaf {j} is "
+        off, n = int(c.offset[i, k]), int(c.nbytes[i, k])
+        if self.check_crc and zlib.crc32(memoryview(self._mm)[off:off + n]) != c.crc[i, k]:
+            raise CacheRecordError(f"{self.path}: record {i} (variant {k}) of leaf {c.id} is "
                                    "corrupted (crc32 mismatch); rebuild the cache")
         if kind == "str":
             return bytes(self._mm[off:off + n]).decode("utf-8")
         if kind == "bytes":
             return bytes(self._mm[off:off + n])
-        shape = tuple(a[f"leaf{j}.shape"][i, k]) if lf["ndim"] else ()
-        dt = np.dtype(lf["dtype"])
-        arr = np.frombuffer(self._mm, dt, n // dt.itemsize, off).reshape(shape)
-        return arr  # tensors come back as arrays for the transform; _sample converts them
+        dt = c.dtype
+        arr = np.frombuffer(self._mm, dt, n // dt.itemsize, off)
+        # tensors come back as arrays for the transform; _sample converts them
+        return arr.reshape(c.shape[i, k].tolist() if c.shape is not None else ())
 
     def __getitem__(self, index: int) -> Any:
         return self._sample(index, None)
@@ -196,14 +228,11 @@ class CachedDataset:
     def getitem_into(self, index: int, out: Any) -> Any:
         """Like ``dataset[index]``, writing the image's transform output into ``out``'s leaf."""
         self._ensure_open()
-        return self._sample(index, out_leaves(out, self._tree))
+        return self._sample(index, self._out_leaves(out))
 
     def _sample(self, index: int, outs: list | None) -> Any:
         values = self._values(index)
-        for lf in self._leaves:
-            j = lf["id"]
-            if not self._var[j] or lf["kind"] in ("str", "bytes"):
-                continue
+        for j, tensor in self._arraylike:
             o = outs[j] if outs is not None else None
             v = values[j]
             if j == self._image and self.transform is not None:
@@ -212,7 +241,7 @@ class CachedDataset:
             elif o is not None and o.shape == v.shape and o.dtype == v.dtype:
                 np.copyto(o, v)
                 v = o
-            if lf["kind"] == "tensor" and isinstance(v, np.ndarray):
+            if tensor and isinstance(v, np.ndarray):
                 import torch
                 v = torch.from_numpy(v) if v.flags.writeable else torch.tensor(v)
             values[j] = v

@@ -254,8 +254,16 @@ def _leaf_desc(leaf: dict) -> str:
     return s
 
 
+def _flat_seq(tree: dict) -> bool:
+    """True for the common layout: one tuple or list of leaves, e.g. ``(image, label)``."""
+    items = tree["items"] if tree["t"] in ("tuple", "list") else ()
+    return bool(items) and all(n["t"] == "leaf" and n["id"] == i for i, n in enumerate(items))
+
+
 def make_unflatten(tree: dict):
     """A function ``values -> sample`` rebuilding the tree from leaf values."""
+    if _flat_seq(tree):  # leaf ids are the positions: the tree is the value list itself
+        return tuple if tree["t"] == "tuple" else list
     spec = _spec(tree, lambda node: node["id"])  # leaf nodes: the index of the leaf's value
     return lambda values: trees.unflatten(spec, values.__getitem__)
 
@@ -266,6 +274,18 @@ def out_leaves(out: Any, tree: dict) -> list:
     trees.flatten_as(_spec_of(tree), out, lambda node, x: res.append(
         x if isinstance(x, np.ndarray) else None), lenient=True)
     return res
+
+
+def make_out_leaves(tree: dict):
+    """A function ``out -> out_leaves(out, tree)``, without the tree walk for a flat layout."""
+    if not _flat_seq(tree):
+        return lambda out: out_leaves(out, tree)
+    n = len(tree["items"])
+
+    def flat(out: Any) -> list:
+        x = out if isinstance(out, (list, tuple)) else ()
+        return [v if isinstance(v, np.ndarray) else None for v in x[:n]] + [None] * (n - len(x))
+    return flat
 
 
 def header_bytes(header: dict) -> bytes:
