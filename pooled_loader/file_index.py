@@ -41,7 +41,7 @@ class FileIndex:
     path is stored as it is), ``labels[i]`` its class index.
     """
 
-    __slots__ = ("root", "classes", "blob", "offsets", "labels")
+    __slots__ = ("root", "classes", "blob", "offsets", "labels", "_prefix")
 
     def __init__(self, root: str, classes: Sequence[str], blob: np.ndarray, offsets: np.ndarray,
                  labels: np.ndarray) -> None:
@@ -49,6 +49,7 @@ class FileIndex:
             raise ValueError(f"{len(labels)} labels need {len(labels) + 1} offsets, "
                              f"got {len(offsets)}")
         self.root = os.fspath(root)
+        self._prefix = os.path.join(self.root, "")  # root + "/" (unless empty): path() joins to it
         self.classes = list(classes)
         self.blob, self.offsets, self.labels = blob, offsets, labels
         for a in (blob, offsets, labels):
@@ -81,19 +82,25 @@ class FileIndex:
 
     def relpath(self, index: int) -> str:
         """Sample ``index``'s path relative to the root."""
-        i = self._position(index)
+        return self._rel(self._position(index))
+
+    def _rel(self, i: int) -> str:
         return os.fsdecode(self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes())
+
+    def _join(self, rel: str) -> str:
+        # posixpath.join(root, rel) without its per-call checks: an absolute rel stands alone
+        return rel if rel.startswith(os.sep) else self._prefix + rel
 
     def path(self, index: int) -> str:
         """Sample ``index``'s path (the root joined with the stored one)."""
-        return os.path.join(self.root, self.relpath(index))
+        return self._join(self.relpath(index))
 
     def label(self, index: int) -> int:
         return int(self.labels[self._position(index)])
 
     def __getitem__(self, index: int) -> tuple[str, int]:
         i = self._position(index)
-        return self.path(i), int(self.labels[i])
+        return self._join(self._rel(i)), int(self.labels[i])
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         for i in range(len(self)):

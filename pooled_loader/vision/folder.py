@@ -97,15 +97,18 @@ class ImageFolder:
         """The file's bytes in the reused read buffer."""
         if os.getpid() != self._pid:
             self._pid, self._scratch = os.getpid(), Scratch()
-        with open(path, "rb", buffering=0) as f:
-            n = os.fstat(f.fileno()).st_size
+        fd = os.open(path, os.O_RDONLY)  # no file object: this runs once per sample
+        try:
+            n = os.fstat(fd).st_size
             buf = self._scratch.flat("file", n)
-            view, got = memoryview(buf), 0
+            got = 0
             while got < n:
-                k = f.readinto(view[got:])
+                k = os.readv(fd, [buf[got:]])
                 if not k:
                     break
                 got += k
+        finally:
+            os.close(fd)
         return buf[:got]
 
     def _load(self, index: int, out: np.ndarray | None) -> tuple[Any, int]:
