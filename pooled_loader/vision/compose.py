@@ -106,11 +106,15 @@ class Compose:
                 raise TypeError(f"Compose takes pooled_loader.vision ops, got {op!r}")
         self._decode = bool(self.ops) and isinstance(self.ops[0], DecodeImage)
         self._stages = _stages(self.ops[1:] if self._decode else self.ops)
+        # the resize a leading DecodeImage is fused with (its box is sampled on the header's size)
+        first = self._stages[0] if self._decode and self._stages else None
+        self._fused = first if isinstance(first, _Resample) else None
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self.scratch = Scratch()
+        self.scratch = scratch = Scratch()
+        self._decode_alloc = lambda n: scratch.flat("decode", n)
         self._plans: OrderedDict[tuple, Spec] = OrderedDict()
         self.plans_made = 0
         self.dct_scaled = 0  # samples decoded with a DCT downscale (a counter for tests/benches)
@@ -118,7 +122,7 @@ class Compose:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for k in ("scratch", "_plans", "_pid"):
+        for k in ("scratch", "_plans", "_pid", "_decode_alloc"):
             state.pop(k)
         return state
 
@@ -135,13 +139,17 @@ class Compose:
 
     # -- planning
 
-    def _plan(self, k: int, spec: Spec, hw: tuple[int, int] | None = None) -> Spec:
-        """Stage k's output spec for input ``spec``, cached; ``hw``: a resize's output size."""
+    def _plan(self, k: int, spec: Spec, hw: tuple[int, int] | None = None,
+              src_hw: tuple[int, int] | None = None) -> Spec:
+        """Stage k's output spec for input ``spec``, cached; for a resize, ``hw`` is its output
+        size and ``src_hw`` the size its box was sampled on (which stands in for spec's)."""
         st = self._stages[k]
         # a resize's output depends on the target size and channels, not on the input's size
         key = (k, spec.shape[2:], spec.dtype, spec.layout, hw) if hw else (k, spec)
         out = self._plans.get(key)
         if out is None:
+            if hw:  # validates (HWC uint8) as on the size the box was sampled on
+                spec = Spec((*src_hw, *spec.shape[2:]), spec.dtype, spec.layout)
             out = st.spec(spec)
             self._plans[key] = out
             self.plans_made += 1
@@ -168,14 +176,14 @@ class Compose:
         if self._decode:
             hdr = read_header(x)
             full = (hdr.height, hdr.width)
-            if self._stages and isinstance(self._stages[0], _Resample):
-                box, hw = self._stages[0].op.sample(*full)
+            if self._fused is not None:
+                box, hw = self._fused.op.sample(*full)
                 factor = dct_factor(box, hw) if hdr.jpeg and self.dct_scaling else 1
                 # size the buffer for this image's full decode, so that once every image has
                 # been seen, whichever scale a later crop picks, nothing is allocated again
                 self.scratch.reserve("decode", min(hdr.height * hdr.width * 3, _RESERVE_MAX))
-                crop = decode_crop_into(x, hdr, lambda n: self.scratch.flat("decode", n),
-                                        factor, box, hw, self.ops[0].fast)
+                crop = decode_crop_into(x, hdr, self._decode_alloc, factor, box, hw,
+                                        self.ops[0].fast)
                 img, box = crop.image, crop.box
                 self.dct_scaled += crop.scaled
                 self.roi_decoded += crop.region
@@ -205,8 +213,7 @@ class Compose:
                     src_hw = cur.shape[:2]
                     box, hw = st.op.sample(*src_hw)
                 flip = st.flip.draw() if st.flip is not None else False
-                # validates (HWC uint8); the input's own size only matters through hw
-                nspec = self._plan(k, Spec((*src_hw, *spec.shape[2:]), spec.dtype, spec.layout), hw)
+                nspec = self._plan(k, spec, hw, src_hw)
                 dst = self._dst(k, nspec, out, last)
                 if st.chw:
                     if cur.strides[1:] != (cur.shape[2], 1):  # the kernel wants packed pixels
