@@ -217,10 +217,10 @@ class CachedDataset:
             return bytes(self._mm[off:off + n]).decode("utf-8")
         if kind == "bytes":
             return bytes(self._mm[off:off + n])
-        dt = c.dtype
-        arr = np.frombuffer(self._mm, dt, n // dt.itemsize, off)
-        # tensors come back as arrays for the transform; _sample converts them
-        return arr.reshape(c.shape[i, k].tolist() if c.shape is not None else ())
+        # a read-only view (shape and size were checked against each other at open); tensors
+        # come back as arrays for the transform and _sample converts them
+        return np.ndarray(c.shape[i, k].tolist() if c.shape is not None else (), c.dtype,
+                          self._mm, off)
 
     def __getitem__(self, index: int) -> Any:
         return self._sample(index, None)
