@@ -772,6 +772,12 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     const Py_ssize_t sstride = sb.strides[0];
 
     Py_BEGIN_ALLOW_THREADS;
+    { /* the first rows the horizontal pass reads (about), loading while the weights are made */
+        const Py_ssize_t c0 = 3 * (bx > kx ? bx - kx : 0), c1 = 3 * (bx + bw + kx < W ? bx + bw + kx : W);
+        const Py_ssize_t r0 = by > ky ? by - ky : 0;
+        for (Py_ssize_t r = r0; r < r0 + 4 + ky && r < H; r++)
+            for (Py_ssize_t b = c0; b < c1; b += 64) __builtin_prefetch(sbase + r * sstride + b, 0, 3);
+    }
     if (use_int)
         precompute((double)bx, (double)(bx + bw), W, ow, kx, 4 * kx4, flip, xb, NULL, 0.f, xw, ktmp);
     else
@@ -786,6 +792,14 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
                use_int ? 1.0f / (float)(1 << QBITS) : 1.0f, NULL, ktmp);
     Py_ssize_t next_row = yb[0]; /* first source row not yet in the ring */
     const hpass2_fn hpass2 = use_int ? hpass_rows2_for(hpass_row) : NULL;
+    /* the bytes of a source row the horizontal pass reads, for prefetching the next rows */
+    Py_ssize_t span_lo = W, span_hi = 0;
+    for (Py_ssize_t j = 0; j < ow; j++) {
+        if (xb[2 * j] < span_lo) span_lo = xb[2 * j];
+        if (xb[2 * j] + xb[2 * j + 1] > span_hi) span_hi = xb[2 * j] + xb[2 * j + 1];
+    }
+    span_lo *= 3;
+    span_hi *= 3;
     const Py_ssize_t plane = oh * ow;
     for (Py_ssize_t y = 0; y < oh; y++) {
         const Py_ssize_t r0 = yb[2 * y];
@@ -793,6 +807,12 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
         if (next_row < r0) next_row = r0;
         while (next_row < r0 + n) {
             float *dst = ring + (next_row % ky) * rowlen;
+            /* the source is often not in cache (a memory-mapped cache file): ask for the rows
+             * of the pair after next while this pair is computed (1.2-1.4x on the cache path's
+             * 512-px sources, scripts/bench_kernels.py) */
+            for (Py_ssize_t r = next_row + 4; r < next_row + 6 && r < H; r++)
+                for (Py_ssize_t b = span_lo; b < span_hi; b += 64)
+                    __builtin_prefetch(sbase + r * sstride + b, 0, 3);
             /* two rows at once when the second one is in the image and its ring slot is free
              * (holds no row of this output row's window): it is needed now or at a later row */
             if (hpass2 && next_row + 1 < H && (next_row + 1 < r0 + n || n < ky)) {
