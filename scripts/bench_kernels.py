@@ -21,7 +21,11 @@ Rounds interleave the paths (the machine may be shared); ops/s are medians over 
 Quality: mean/max abs difference of each path's uint8 output against Pillow's over the boxes.
 
     python scripts/bench_kernels.py [--rounds 7] [--boxes 200] [--float] [--json out.json]
-                                    [--baseline OTHER_CHECKOUT]
+                                    [--baseline OTHER_CHECKOUT] [--sources N]
+
+--sources N: N copies of the source image at distinct addresses, box i reading copy i % N, so that
+(with N = --boxes) every box reads an image that is not in the CPU cache, as the cache path does
+(a memory-mapped cache file) -- the default, one source, stays in cache after the first box.
 """
 import os
 
@@ -198,6 +202,8 @@ def main(argv=None):
     ap.add_argument("--float", action="store_true", help="float32 normalized output")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--baseline", help="another built checkout: its kernel runs as c_before")
+    ap.add_argument("--sources", type=int, default=1,
+                    help="copies of the source, used in turn (N = --boxes: none in CPU cache)")
     args = ap.parse_args(argv)
 
     src = make_src()
@@ -205,7 +211,9 @@ def main(argv=None):
     boxes = rrc_boxes(H, W, args.boxes, size=args.size)
     dtype = np.float32 if args.float else np.uint8
     baseline = load_baseline_kernels(args.baseline) if args.baseline else None
-    paths = make_paths(src, dtype, args.size, baseline)
+    srcs = [src] + [src.copy() for _ in range(args.sources - 1)]
+    path_sets = [make_paths(s, dtype, args.size, baseline) for s in srcs]
+    paths = path_sets[0]
     out = np.empty((3, args.size, args.size), dtype)
     names = list(paths)
     for name in names:  # warm up (scratch, weights, caches)
@@ -217,10 +225,9 @@ def main(argv=None):
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            fn = paths[name]
             t0, c0 = time.perf_counter(), time.process_time()
-            for box, flip in boxes:
-                fn(box, flip, out)
+            for i, (box, flip) in enumerate(boxes):
+                path_sets[i % len(path_sets)][name](box, flip, out)
             t1, c1 = time.perf_counter(), time.process_time()
             rates[name].append(len(boxes) / (t1 - t0))
             cpu_rates[name].append(len(boxes) / max(c1 - c0, 1e-9))
@@ -228,7 +235,7 @@ def main(argv=None):
     med = {n: statistics.median(v) for n, v in rates.items()}
     cmed = {n: statistics.median(v) for n, v in cpu_rates.items()}
     q = quality(src, boxes, args.size, baseline)
-    print(f"src {H}x{W} HWC uint8, out 3x{args.size}x{args.size} {np.dtype(dtype).name}, "
+    print(f"src {H}x{W} HWC uint8 ({len(srcs)} cop{'y' if len(srcs) == 1 else 'ies'}), out 3x{args.size}x{args.size} {np.dtype(dtype).name}, "
           f"{len(boxes)} RRC boxes (8-100% area), flip p=0.5, 1 thread, {args.rounds} rounds")
     isa = ""
     try:
@@ -258,7 +265,7 @@ def main(argv=None):
             json.dump({"ops_per_s_median": med, "ops_per_s_all": rates,
                        "cpu_ops_per_s_median": cmed, "quality_vs_pillow": q,
                        "size": args.size, "dtype": np.dtype(dtype).name, "boxes": len(boxes),
-                       "rounds": args.rounds, "machine": platform.processor() or platform.machine(),
+                       "rounds": args.rounds, "sources": len(srcs), "machine": platform.processor() or platform.machine(),
                        "loadavg": os.getloadavg()}, f, indent=1)
     return 0
 
