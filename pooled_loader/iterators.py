@@ -486,7 +486,10 @@ class WorkerIter(_IterBase):
         waiting, workers in turn; with in_order=False a worker already holding its share
         (in flight / active workers) is passed over, so a slow one does not gather tasks."""
         limit = self._prefetch * self._num_workers
-        while not self._sampler_done and len(self._tasks) + len(self._ready) < limit:
+        # An abandoned epoch's tasks (a break) still hold slots until their answers come back:
+        # they count, or the new epoch would run the pool dry and grow it.
+        while (not self._sampler_done
+               and len(self._tasks) + len(self._ready) + len(self._stale) < limit):
             active = sum(w.active for w in self._worker_states)
             for _ in range(self._num_workers):
                 worker = next(self._cycle)

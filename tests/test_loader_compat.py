@@ -1,4 +1,6 @@
 """PooledLoader behaves like torch's DataLoader: same batches, order, samplers, seeds, errors."""
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, SubsetRandomSampler
@@ -143,6 +145,22 @@ def test_persistent_workers_restart_cleanly_after_break():
             break
     got = [int(i) for _, idx in loader for i in idx]
     assert got == list(range(40))
+
+
+def test_break_mid_epoch_does_not_grow_the_pool_nor_blame_kept_batches():
+    """After a break, the abandoned epoch's tasks still hold slots until their answers arrive:
+    the next epoch must wait for them, not grow the pool with a warning about kept batches."""
+    loader = PooledLoader(Images(200), batch_size=4, num_workers=2, persistent_workers=True)
+    for round_ in range(3):
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the pool's "batches are being kept" warning
+            got = [int(i) for _, idx in loader for i in idx]
+        assert got == list(range(200))
+    assert loader._pool.counters["grown_dry"] == 0
+    loader.close()
 
 
 def test_in_order_false_yields_every_batch_once():
