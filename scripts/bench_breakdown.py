@@ -12,7 +12,10 @@ process (one thread, CPU time, median of ``reps`` passes, the variants interleav
 - ``decode``: header + box sampling + the decode Compose does (with the ROI decoder: only the
   crop's region, at the DCT scale; else the whole image at the DCT scale);
 - ``kernel``: the fused crop-resize-flip-CHW kernel alone, on those decoded images;
-- ``full decode``: the decode-alone ceiling, the whole image at full size (simplejpeg).
+- ``full decode``: the decode-alone ceiling, the whole image at full size (simplejpeg);
+- ``entropy floor`` (ROI decoder only): a one-pixel region on the crop's last row, at the same
+  DCT scale: libjpeg must Huffman-decode every row down to it across the full width (no restart
+  markers to seek to), so this is the part of ``decode`` no region decoding can remove.
 
 "Rest" of the loader's cost = 1 / (images per CPU-second of scripts/bench_images.py's ``ours``)
 minus decode minus kernel.  ``--cached``: the same for the cache path's tail, RandomResizedCrop
@@ -122,6 +125,23 @@ def measure(data_dir: str, n: int, reps: int, cached: bool) -> dict:
 
         steps = {"decode": run_decode, "kernel": run_kernel, "compose": run_compose,
                  "full decode": run_full_decode}
+        if getattr(D, "_jpeg", None) is not None:
+            floor_jobs = []
+            for i, d in enumerate(datas):
+                hdr = D.read_header(d)
+                random.seed(i)
+                box = rrc.box(hdr.height, hdr.width)
+                factor = dct_factor(box, (224, 224))
+                x0, y0, bw, bh = (scale_box(box, (hdr.height, hdr.width),
+                                            D.scaled_size(hdr, factor))
+                                  if factor > 1 else box)
+                floor_jobs.append((d, factor, x0, y0 + bh - 1))
+
+            def run_entropy_floor():  # one pixel at the crop's last row: entropy decoding only
+                for d, factor, x, y in floor_jobs:
+                    D._jpeg.decode(d, fullbuf, factor, x, y, 1, 1)
+
+            steps["entropy floor"] = run_entropy_floor
     for fn in steps.values():  # warm-up: buffers, plans, caches
         fn()
     times = {k: [] for k in steps}
