@@ -443,8 +443,6 @@ __attribute__((target("avx2"))) static void hpass_rows2_avx2(
     Py_ssize_t j = 0;
     const int *restrict quads = xm + ow, *restrict xoff = quads + (ow + 3) / 4; /* see QUADS */
 #define PX2(jj) hpass_px2_avx2(rowa, rowb, width, xb, xm, xw, wstride, (jj), m01, m23)
-#define PXG(jj, g) px2_groups_avx2(rowa, rowb, xoff[jj], xw + (jj) * (Py_ssize_t)wstride, (g), \
-                                   m01, m23)
 /* f_k: pixel j+k as (R, G, B, -) of row a in the low lane and of row b in the high one; the
  * 256-bit unpacks/shuffles work per lane, so one transpose serves both rows */
 #define STORE4(pa, pb)                                                                           \
@@ -464,29 +462,34 @@ __attribute__((target("avx2"))) static void hpass_rows2_avx2(
     while (j + 4 <= ow) {
         __m256 f0, f1, f2, f3;
         const int mode = quads[j >> 2];
-        if (mode == 1) { /* the common case (downscale < ~1.5x): a run of such quads, with no
-                          * per-pixel mode test and one weights pointer */
-            const Py_ssize_t ws = wstride;
-            const int16_t *k = xw + j * ws;
-            do {
-                f0 = px2_groups_avx2(rowa, rowb, xoff[j], k, 1, m01, m23);
-                f1 = px2_groups_avx2(rowa, rowb, xoff[j + 1], k + ws, 1, m01, m23);
-                f2 = px2_groups_avx2(rowa, rowb, xoff[j + 2], k + 2 * ws, 1, m01, m23);
-                f3 = px2_groups_avx2(rowa, rowb, xoff[j + 3], k + 3 * ws, 1, m01, m23);
-                STORE4(dsta + j, dstb + j);
-                j += 4;
-                k += 4 * ws;
-            } while (j + 4 <= ow && quads[j >> 2] == 1);
+/* a run of quads whose columns all take G loads: no per-column mode test, one weights pointer */
+#define RUN(G)                                                                                   \
+    do {                                                                                         \
+        const Py_ssize_t ws = wstride;                                                           \
+        const int16_t *k = xw + j * ws;                                                          \
+        do {                                                                                     \
+            f0 = px2_groups_avx2(rowa, rowb, xoff[j], k, (G), m01, m23);                         \
+            f1 = px2_groups_avx2(rowa, rowb, xoff[j + 1], k + ws, (G), m01, m23);                \
+            f2 = px2_groups_avx2(rowa, rowb, xoff[j + 2], k + 2 * ws, (G), m01, m23);            \
+            f3 = px2_groups_avx2(rowa, rowb, xoff[j + 3], k + 3 * ws, (G), m01, m23);            \
+            STORE4(dsta + j, dstb + j);                                                          \
+            j += 4;                                                                              \
+            k += 4 * ws;                                                                         \
+        } while (j + 4 <= ow && quads[j >> 2] == (G));                                          \
+    } while (0)
+        if (mode == 1) { /* downscales below ~1.5x */
+            RUN(1);
             continue;
         }
-        if (mode == 2) {
-            f0 = PXG(j, 2), f1 = PXG(j + 1, 2), f2 = PXG(j + 2, 2), f3 = PXG(j + 3, 2);
-        } else {
-            f0 = PX2(j), f1 = PX2(j + 1), f2 = PX2(j + 2), f3 = PX2(j + 3);
+        if (mode == 2) { /* ~1.5x to ~2.5x */
+            RUN(2);
+            continue;
         }
+        f0 = PX2(j), f1 = PX2(j + 1), f2 = PX2(j + 2), f3 = PX2(j + 3);
         STORE4(dsta + j, dstb + j);
         j += 4;
     }
+#undef RUN
 #undef STORE4
     for (; j < ow; j++) {
         const __m256 f = PX2(j);
@@ -498,7 +501,6 @@ __attribute__((target("avx2"))) static void hpass_rows2_avx2(
         _mm_store_ss(b1 + j, _mm_shuffle_ps(q, q, 1));
         _mm_store_ss(b2 + j, _mm_shuffle_ps(q, q, 2));
     }
-#undef PXG
 #undef PX2
 }
 #undef Z
