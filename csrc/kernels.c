@@ -852,6 +852,7 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     precompute((double)by, (double)(by + bh), H, oh, ky, ky, 0, yb, yw,
                use_int ? 1.0f / (float)(1 << QBITS) : 1.0f, NULL, ktmp);
     Py_ssize_t next_row = yb[0]; /* first source row not yet in the ring */
+    Py_ssize_t next_slot = next_row % ky; /* its ring slot, next_row % ky (kept without divides) */
     const hpass2_fn hpass2 = use_int ? hpass_rows2_for(hpass_row) : NULL;
     /* the bytes of a source row the horizontal pass reads, for prefetching the next rows */
     Py_ssize_t span_lo = W, span_hi = 0;
@@ -865,9 +866,13 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
     for (Py_ssize_t y = 0; y < oh; y++) {
         const Py_ssize_t r0 = yb[2 * y];
         const int n = yb[2 * y + 1];
-        if (next_row < r0) next_row = r0;
+        if (next_row < r0) {
+            next_row = r0;
+            next_slot = r0 % ky;
+        }
         while (next_row < r0 + n) {
-            float *dst = ring + (next_row % ky) * rowlen;
+            float *dst = ring + next_slot * rowlen;
+            const Py_ssize_t slot2 = next_slot + 1 == ky ? 0 : next_slot + 1; /* next_row + 1's */
             /* the source is often not in cache (a memory-mapped cache file): ask for the rows
              * of the pair after next while this pair is computed (1.2-1.4x on the cache path's
              * 512-px sources, scripts/bench_kernels.py) */
@@ -878,8 +883,9 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
              * (holds no row of this output row's window): it is needed now or at a later row */
             if (hpass2 && next_row + 1 < H && (next_row + 1 < r0 + n || n < ky)) {
                 hpass2(sbase + next_row * sstride, sbase + (next_row + 1) * sstride, W, ow, xb,
-                       xm, xw, 4 * kx4, dst, ring + ((next_row + 1) % ky) * rowlen);
+                       xm, xw, 4 * kx4, dst, ring + slot2 * rowlen);
                 next_row += 2;
+                next_slot = slot2 + 1 == ky ? 0 : slot2 + 1;
                 continue;
             }
             if (use_int)
@@ -887,8 +893,10 @@ static PyObject *crop_resize_flip_chw(PyObject *self, PyObject *args, PyObject *
             else
                 hpass_row_f32(sbase + next_row * sstride, ow, xb, xwf, kx2, dst);
             next_row++;
+            next_slot = slot2;
         }
-        for (int t = 0; t < n; t++) rows[t] = ring + ((r0 + t) % ky) * rowlen;
+        for (Py_ssize_t t = 0, slot = r0 % ky; t < n; t++, slot = slot + 1 == ky ? 0 : slot + 1)
+            rows[t] = ring + slot * rowlen; /* ring slot of row r0 + t: (r0 + t) % ky */
         vpass_store(rows, yw + y * (Py_ssize_t)ky, n, ow, acc,
                     is_float ? NULL : (uint8_t *)ob.buf + y * ow,
                     is_float ? (float *)ob.buf + y * ow : NULL, plane, scale, bias);
