@@ -13,8 +13,9 @@ threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epo
 whole comparison is repeated R times (loaders interleaved, so slow drift in machine load spreads
 over all of them) and the figure is the median over the R per-round medians. A loader whose library
 is missing is listed as unavailable with the reason; the others still run.
-With --baseline DIR, ours and ours_cached also run from that checkout (rows "...@before"), so a
-change is measured against the code before it in the same run.  The backends each checkout uses
+With --baseline DIR, ours and ours_cached also run from that checkout (rows "...@before", right
+after their own row in even rounds and right before it in odd ones), so a change is measured
+against the code before it in the same run.  The backends each checkout uses
 (pooled_loader.vision.backend_info(): ROI decoder or simplejpeg, kernel ISA) are printed first.
 
 The table's "x ours" column is this loader's images/s divided by ours from the same round
@@ -140,9 +141,20 @@ def main(argv=None) -> int:
         print(f"# baseline ({BASELINE_SUFFIX} rows) {a.baseline}: {_backends(a.baseline)}",
               flush=True)
 
+    def round_order(r: int) -> list[str]:
+        """names, with each @before row moved ahead of its own row in odd rounds: the VM's
+        speed drifts within a round, so a fixed order would favour one side."""
+        if r % 2 == 0 or not a.baseline:
+            return names
+        order = list(names)
+        for i, n in enumerate(order):
+            if n.endswith(BASELINE_SUFFIX) and i > 0 and order[i - 1] + BASELINE_SUFFIX == n:
+                order[i - 1], order[i] = order[i], order[i - 1]
+        return order
+
     runs = []
     for r in range(a.rounds):
-        for name in names:
+        for name in round_order(r):
             rec = run_one(name, a)
             rec["round"] = r
             runs.append(rec)
