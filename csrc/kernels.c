@@ -25,8 +25,8 @@
  *      the column's bounds and weights are loaded once for both rows, and the lanes need no
  *      horizontal add), which made the whole kernel ~1.25x faster (scripts/bench_kernels.py);
  *      a row is computed one step early when its ring slot is free, so rows pair up.  Runs of 4
- *      columns whose taps fit one 16-byte load (every column of a downscale below ~1.5x) take a
- *      loop with no per-column mode test and one weights pointer, and the 4x4 transpose to
+ *      columns whose taps fit one (or two) 16-byte loads (every column of a downscale below
+ *      ~1.5x (~2.5x)) take a loop with no per-column mode test and one weights pointer, and the 4x4 transpose to
  *      planes works on both rows' lanes at once: 1.26x fewer instructions in the kernel
  *      (callgrind, 100 RandomResizedCrop boxes of a 400x500 source), 1.11-1.15x in time.
  *      Typical RandomResizedCrop 224 (CPU time, busy machine): AVX2 ~125 us before the two-row
@@ -398,29 +398,7 @@ __attribute__((target("avx2"))) static inline __m256i group2_avx2(
                             _mm256_madd_epi16(_mm256_shuffle_epi8(v, m23), weights2(k + 8)));
 }
 
-__attribute__((target("avx2"))) static inline __m256 hpass_px2_avx2(
-    const uint8_t *rowa, const uint8_t *rowb, Py_ssize_t width, const int *xb, const int *xm,
-    const int16_t *xw, int wstride, Py_ssize_t j, __m256i m01, __m256i m23) {
-    const int16_t *k = xw + j * (Py_ssize_t)wstride;
-    const Py_ssize_t off = 3 * (Py_ssize_t)xb[2 * j];
-    const int groups = xm[j];
-    __m256i acc;
-    if (__builtin_expect(groups == 1, 1)) {
-        acc = group2_avx2(rowa, rowb, off, k, m01, m23);
-    } else if (groups > 1) {
-        acc = group2_avx2(rowa, rowb, off, k, m01, m23);
-        for (int g = 1; g < groups; g++)
-            acc = _mm256_add_epi32(acc, group2_avx2(rowa, rowb, off + 12 * g, k + 16 * g, m01, m23));
-    } else {
-        const int x0 = xb[2 * j], n = xb[2 * j + 1];
-        acc = _mm256_set_m128i(hpass_px_sse2(rowb + off, n, x0 + n < width, k),
-                               hpass_px_sse2(rowa + off, n, x0 + n < width, k));
-    }
-    return _mm256_cvtepi32_ps(acc);
-}
-
-/* an output pixel whose `groups` 16-byte loads (at byte `off`) all stay in the row: the same
- * sums, in the same order, as hpass_px2_avx2 */
+/* an output pixel whose `groups` 16-byte loads (at byte `off`) all stay in the row */
 __attribute__((target("avx2"))) static inline __m256 px2_groups_avx2(
     const uint8_t *rowa, const uint8_t *rowb, Py_ssize_t off, const int16_t *k, int groups,
     __m256i m01, __m256i m23) {
@@ -428,6 +406,19 @@ __attribute__((target("avx2"))) static inline __m256 px2_groups_avx2(
     for (int g = 1; g < groups; g++)
         acc = _mm256_add_epi32(acc, group2_avx2(rowa, rowb, off + 12 * g, k + 16 * g, m01, m23));
     return _mm256_cvtepi32_ps(acc);
+}
+
+/* output pixel j of rows a and b, whatever its mode (xm[j] loads, or 0: near the row's end) */
+__attribute__((target("avx2"))) static inline __m256 hpass_px2_avx2(
+    const uint8_t *rowa, const uint8_t *rowb, Py_ssize_t width, const int *xb, const int *xm,
+    const int16_t *xw, int wstride, Py_ssize_t j, __m256i m01, __m256i m23) {
+    const int16_t *k = xw + j * (Py_ssize_t)wstride;
+    const Py_ssize_t off = 3 * (Py_ssize_t)xb[2 * j];
+    const int groups = xm[j];
+    if (__builtin_expect(groups > 0, 1)) return px2_groups_avx2(rowa, rowb, off, k, groups, m01, m23);
+    const int x0 = xb[2 * j], n = xb[2 * j + 1];
+    return _mm256_cvtepi32_ps(_mm256_set_m128i(hpass_px_sse2(rowb + off, n, x0 + n < width, k),
+                                               hpass_px_sse2(rowa + off, n, x0 + n < width, k)));
 }
 
 __attribute__((target("avx2"))) static void hpass_rows2_avx2(
