@@ -84,11 +84,14 @@ def measure(data_dir: str, n: int, reps: int, cached: bool) -> dict:
                 b = bufs[key] = np.empty(nbytes, np.uint8)
             return b[:nbytes]
 
-        def decode_one(data, box_seed):
+        def plan(data, box_seed):  # header, the crop box (seeded) and the DCT scale Compose picks
             hdr = D.read_header(data)
             random.seed(box_seed)
             box = rrc.box(hdr.height, hdr.width)
-            factor = dct_factor(box, (224, 224)) if hdr.jpeg else 1
+            return hdr, box, dct_factor(box, (224, 224)) if hdr.jpeg else 1
+
+        def decode_one(data, box_seed):
+            hdr, box, factor = plan(data, box_seed)
             if hasattr(D, "decode_crop_into"):
                 c = D.decode_crop_into(data, hdr, alloc, factor, box, (224, 224))
                 return c.image, c.box
@@ -128,10 +131,7 @@ def measure(data_dir: str, n: int, reps: int, cached: bool) -> dict:
         if getattr(D, "_jpeg", None) is not None:
             floor_jobs = []
             for i, d in enumerate(datas):
-                hdr = D.read_header(d)
-                random.seed(i)
-                box = rrc.box(hdr.height, hdr.width)
-                factor = dct_factor(box, (224, 224))
+                hdr, box, factor = plan(d, i)
                 x0, y0, bw, bh = (scale_box(box, (hdr.height, hdr.width),
                                             D.scaled_size(hdr, factor))
                                   if factor > 1 else box)
