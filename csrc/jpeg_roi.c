@@ -30,16 +30,20 @@
  * C conversion, and the region test cannot overflow (w > W - x0).  Two limits, given by the
  * caller, raise LimitError (a ValueError): max_scans, counted by a progress monitor on
  * input_scan_number (libjpeg-turbo's recommended guard against scan-count bombs, which cost CPU
- * per scan), and max_memory, libjpeg's max_memory_to_use: a progressive or multi-scan JPEG keeps
- * all its coefficients (2 bytes per sample at full size, whatever the DCT scale), and with no
- * backing store (jmemnobs) a larger request fails before it is allocated.  libjpeg-turbo 2.1.5
- * crops inexactly in two cases, so they are avoided: a crop whose chroma is under 3 samples wide
- * switches the upsampler to its plain (non-smooth) form, so a crop is at least MIN_CROP columns;
- * and sampling other than luma 1x1/2x1/1x2/2x2 over 1x1 chroma (4x2, 2x4, 4x4 at 1/2 and 1/4
- * read unwritten memory) is decoded from row 0 at full width, without skip or crop.
+ * per scan), and max_memory: a progressive or multi-scan JPEG keeps all its coefficients
+ * (2 bytes per sample at full size, whatever the DCT scale), computed from the frame header and
+ * refused before libjpeg allocates them (2.1.5's jmemnobs ignores max_memory_to_use; it is set
+ * too, for the versions that honour it).
+ *
+ * libjpeg-turbo 2.1.5 crops inexactly in two cases, so they are avoided: a crop whose chroma is
+ * under 3 samples wide switches the upsampler to its plain (non-smooth) form, so a crop is at
+ * least MIN_CROP columns; and sampling other than luma 1x1/2x1/1x2/2x2 over 1x1 chroma (4x2,
+ * 2x4, 4x4 at 1/2 and 1/4 read unwritten memory) is decoded from row 0 at full width, without
+ * skip or crop.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdio.h> /* jpeglib.h needs FILE */
 #include <string.h>
@@ -100,10 +104,9 @@ static double coef_bytes(const struct jpeg_decompress_struct *ci) {
     double n = 0;
     for (int i = 0; i < ci->num_components; i++) {
         const jpeg_component_info *c = &ci->comp_info[i];
-        JDIMENSION bw = c->width_in_blocks, bh = c->height_in_blocks;
-        bw += (JDIMENSION)(c->h_samp_factor - 1) - (bw + c->h_samp_factor - 1) % c->h_samp_factor;
-        bh += (JDIMENSION)(c->v_samp_factor - 1) - (bh + c->v_samp_factor - 1) % c->v_samp_factor;
-        n += (double)bw * bh * DCTSIZE2 * sizeof(JCOEF);
+        const double hs = c->h_samp_factor, vs = c->v_samp_factor; /* rows of whole iMCUs */
+        n += ceil(c->width_in_blocks / hs) * hs * ceil(c->height_in_blocks / vs) * vs *
+             DCTSIZE2 * sizeof(JCOEF);
     }
     return n;
 }
@@ -316,9 +319,10 @@ static int parse(PyObject *args, PyObject *kwargs, char **kwlist, const char *fm
         return -1;
     }
     long long scans = 0, mem = 0;
-    if (int_arg(o_factor, "factor", 1, 8, &factor) < 0 || int_arg(o_x0, "x0", 0, INT_MAX, &job->x0) < 0 ||
-        int_arg(o_y0, "y0", 0, INT_MAX, &job->y0) < 0 || int_arg(o_w, "w", 0, INT_MAX, &job->w) < 0 ||
-        int_arg(o_h, "h", 0, INT_MAX, &job->h) < 0 ||
+    if (int_arg(o_factor, "factor", 1, 8, &factor) < 0 ||
+        int_arg(o_x0, "x0", 0, INT_MAX, &job->x0) < 0 ||
+        int_arg(o_y0, "y0", 0, INT_MAX, &job->y0) < 0 ||
+        int_arg(o_w, "w", 0, INT_MAX, &job->w) < 0 || int_arg(o_h, "h", 0, INT_MAX, &job->h) < 0 ||
         int_arg(o_scans, "max_scans", 0, INT_MAX, &scans) < 0 ||
         int_arg(o_mem, "max_memory", 0, LONG_MAX, &mem) < 0)
         return -1;
@@ -397,9 +401,10 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
 PyDoc_STRVAR(check_doc,
              "check(data, factor=8, max_scans=0, max_memory=0) -> None\n"
              "\n"
-             "Decode the whole JPEG `data` (any colour space, CMYK included) at scale 1/factor and\n"
-             "throw the pixels away: raises ValueError where decode() would (corrupt or truncated\n"
-             "data, LimitError for the limits).  For JPEGs that another decoder will decode.");
+             "Decode the whole JPEG `data` (any colour space, CMYK included) at scale\n"
+             "1/factor and throw the pixels away: raises ValueError where decode() would\n"
+             "(corrupt or truncated data; LimitError for the limits).  For JPEGs that another\n"
+             "decoder will decode.");
 
 static PyObject *check(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"data", "factor", "max_scans", "max_memory", NULL};
@@ -411,7 +416,53 @@ static PyObject *check(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(header_doc,
+             "header(data) -> (height, width, sampling, colorspace, progressive, multi_scan,\n"
+             "                 huffman_8bit)\n"
+             "\n"
+             "The frame header as libjpeg reads it (jpeg_read_header: the markers up to the\n"
+             "first scan, warnings as errors), as the fields of\n"
+             "pooled_loader.vision.jpeg_markers.Frame: sampling ((h, v), ...) per component;\n"
+             "colorspace Gray, YCbCr, RGB, CMYK, YCCK or unknown; multi_scan: libjpeg keeps\n"
+             "every coefficient (progressive, or a first scan without every component);\n"
+             "huffman_8bit: Huffman-coded 8-bit data.  Raises ValueError for a damaged header.");
+
+static PyObject *header(PyObject *self, PyObject *arg) {
+    Py_buffer db;
+    if (PyObject_GetBuffer(arg, &db, PyBUF_SIMPLE) != 0) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    err.limit = 0;
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&db);
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (const unsigned char *)db.buf, (unsigned long)db.len);
+    jpeg_read_header(&cinfo, TRUE);
+    static const char *names[] = {"unknown", "Gray", "RGB", "YCbCr", "CMYK", "YCCK"};
+    const int cs = (int)cinfo.jpeg_color_space;
+    PyObject *sampling = PyTuple_New(cinfo.num_components);
+    for (int i = 0; sampling != NULL && i < cinfo.num_components; i++)
+        PyTuple_SET_ITEM(sampling, i, Py_BuildValue("(ii)", cinfo.comp_info[i].h_samp_factor,
+                                                    cinfo.comp_info[i].v_samp_factor));
+    PyObject *res = sampling == NULL ? NULL : Py_BuildValue(
+        "(IINsNNN)", (unsigned)cinfo.image_height, (unsigned)cinfo.image_width, sampling,
+        cs >= 0 && cs <= JCS_YCCK ? names[cs] : "unknown", PyBool_FromLong(cinfo.progressive_mode),
+        PyBool_FromLong(cinfo.progressive_mode || cinfo.comps_in_scan < cinfo.num_components),
+        PyBool_FromLong(!cinfo.arith_code && cinfo.data_precision == 8));
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&db);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"header", header, METH_O, header_doc},
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"check", (PyCFunction)(void (*)(void))check, METH_VARARGS | METH_KEYWORDS, check_doc},
     {NULL, NULL, 0, NULL},

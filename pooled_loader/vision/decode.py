@@ -18,14 +18,15 @@ file name.
 
 Hostile files (issue 24) are refused before any large allocation, on every route: the decoded
 size is bounded by ``MAX_PIXELS``; a sequential JPEG shorter than 2 bits per 8x8 block of the
-size it claims is refused (a truncated file or a decompression bomb); a progressive or multi-scan JPEG's whole-image coefficient
-buffer by ``MAX_DECODER_MEMORY``; its scans by ``MAX_SCANS`` (libjpeg-turbo's guard against
-scan-count bombs); an image without pixels or in a format Pillow only identifies (stub plugins:
-BUFR, HDF5, ...) is refused. Damaged data is an error on every route, never padded with grey:
-libjpeg's warnings are errors in the compiled decoder and in simplejpeg; a JPEG that Pillow
-decodes (CMYK, YCCK, RGB, arithmetic-coded) is first run through the compiled decoder's
-``check()`` (Pillow ignores libjpeg's warnings), and Pillow loads with
-``ImageFile.LOAD_TRUNCATED_IMAGES`` off whatever the process set.
+size it claims is refused (a truncated file or a decompression bomb); a progressive or
+multi-scan JPEG's whole-image coefficient buffer is bounded by ``MAX_DECODER_MEMORY`` and its
+scans by ``MAX_SCANS`` (libjpeg-turbo's guard against scan-count bombs); an image without
+pixels or in a format Pillow only identifies (stub plugins: BUFR, HDF5, ...) is refused.
+Damaged data is an error on every route, never padded with grey: libjpeg's warnings are errors
+in the compiled decoder and in simplejpeg; a JPEG that Pillow decodes (CMYK, YCCK, RGB,
+arithmetic-coded) is first run through the compiled decoder's ``check()`` (Pillow ignores
+libjpeg's warnings), and Pillow loads with ``ImageFile.LOAD_TRUNCATED_IMAGES`` off whatever the
+process set.
 """
 from __future__ import annotations
 
@@ -115,8 +116,10 @@ def read_header(data: Buffer) -> Header:
     if len(data) == 0:
         raise SampleError("empty file (0 bytes)")
     if bytes(data[:3]) == _JPEG_SOI:
-        try:
-            fr = jpeg_markers.frame(data if isinstance(data, bytes) else memoryview(data))
+        try:  # libjpeg's own reading where built (1 us); else our marker walk (a few us)
+            fr = (jpeg_markers.Frame(*_jpeg.header(data)) if _jpeg is not None else
+                  jpeg_markers.frame(data if isinstance(data, bytes) else
+                                     memoryview(data).cast("B")))
         except ValueError as e:
             raise SampleError(f"cannot read image header: corrupt JPEG ({e})") from None
         _check_size(fr.height, fr.width, "JPEG")
@@ -158,10 +161,10 @@ def _check_jpeg(data: Buffer, header: Header) -> None:
         return
     need = fr.coef_bytes()
     if need > MAX_DECODER_MEMORY:
-        raise SampleError(f"JPEG over a limit: a {'progressive' if fr.progressive else 'multi-scan'}"
-                          f" JPEG of {fr.width}x{fr.height} pixels keeps all its coefficients in "
-                          f"memory: {need / 1e6:.4g} MB, over the {MAX_DECODER_MEMORY / 1e6:.4g} "
-                          f"MB limit ({_LIMITS})")
+        kind = "progressive" if fr.progressive else "multi-scan"
+        raise SampleError(f"JPEG over a limit: a {kind} JPEG of {fr.width}x{fr.height} pixels "
+                          f"keeps all its coefficients in memory: {need / 1e6:.4g} MB, over the "
+                          f"{MAX_DECODER_MEMORY / 1e6:.4g} MB limit ({_LIMITS})")
     if fr.multi_scan:  # a single-scan JPEG cannot have more (libjpeg: "expected EOI")
         scans = jpeg_markers.count_scans(bytes(memoryview(data)), MAX_SCANS)
         if scans > MAX_SCANS:

@@ -1,13 +1,15 @@
 """JPEG marker walking: the frame header (size, sampling, colour space) and the scan count.
 
-vision/decode.py picks a JPEG's decode route from :func:`frame`, read here rather than through
-simplejpeg's header call, which raises a bare ``KeyError`` for sampling that TurboJPEG names but
-simplejpeg does not (4:4:1) and refuses others (4x2). The colour space follows libjpeg's own
-rules (jdapimin.c ``default_decompress_parms``: JFIF, then Adobe's transform flag, then the
-component ids), so the route agrees with what libjpeg will do. :func:`count_scans` counts the
-scans exactly (it skips marker segments by their length and entropy-coded data up to its next
-marker), for the routes whose decoder has no scan limit of its own. Both read untrusted bytes:
-every length is checked against the data, and a damaged header raises ValueError.
+vision/decode.py picks a JPEG's decode route from a :class:`Frame`: the compiled decoder's
+``header()`` (libjpeg's jpeg_read_header) fills it where built, else :func:`frame` reads it
+here, not through simplejpeg's header call, which raises a bare ``KeyError`` for sampling that
+TurboJPEG names but simplejpeg does not (4:4:1) and refuses others (4x2). The colour space
+follows libjpeg's own rules (jdapimin.c ``default_decompress_parms``: JFIF, then Adobe's
+transform flag, then the component ids), so both readers agree (tests/test_hostile_jpeg.py).
+:func:`count_scans` counts the scans exactly (it skips marker segments by their length and
+entropy-coded data up to its next marker), for the routes whose decoder has no scan limit of its
+own. Both read untrusted bytes: every length is checked against the data, and a damaged header
+raises ValueError.
 """
 from __future__ import annotations
 
@@ -56,32 +58,31 @@ class Frame(NamedTuple):
         return sum(2 * w * h for w, h in self._samples())
 
 
-def _segments(d: bytes):
+def _segments(d: bytes) -> list[tuple[int, int, int]]:
     """(marker, payload offset, payload length) from after SOI up to and including the first
     SOS; ValueError when the data ends first or a length is impossible."""
-    i, n = 2, len(d)
+    out, i, n = [], 2, len(d)
     while True:
-        while i < n and d[i] == 0xFF and i + 1 < n and d[i + 1] == 0xFF:
-            i += 1  # fill bytes
-        if i + 1 >= n:
+        if i + 4 > n:
             raise ValueError("JPEG header ends before the first scan")
         if d[i] != 0xFF:
             raise ValueError(f"no JPEG marker at byte {i}")
         marker = d[i + 1]
+        if marker == 0xFF:  # a fill byte
+            i += 1
+            continue
         if marker in _STANDALONE:
             i += 2
             continue
-        if marker in (SOI, EOI):
+        if marker == SOI or marker == EOI:
             raise ValueError(f"marker 0x{marker:02X} in the JPEG header")
-        if i + 4 > n:
-            raise ValueError("JPEG header ends inside a marker")
-        length = struct.unpack_from(">H", d, i + 2)[0]
+        length = d[i + 2] << 8 | d[i + 3]
         if length < 2 or i + 2 + length > n:
             raise ValueError(f"marker 0x{marker:02X} at byte {i} claims {length} bytes, "
                              f"past the end of the data")
-        yield marker, i + 4, length - 2
+        out.append((marker, i + 4, length - 2))
         if marker == SOS:
-            return
+            return out
         i += 2 + length
 
 
@@ -103,30 +104,33 @@ def frame(data: bytes) -> Frame:
     """The frame header of the JPEG ``data`` (which starts with SOI); ValueError if damaged."""
     jfif, adobe, sof, first_scan_comps = False, None, None, 0
     for marker, at, n in _segments(data):
-        body = data[at:at + n]
-        if marker == 0xE0 and body[:5] == b"JFIF\0":
-            jfif = True
-        elif marker == 0xEE and body[:5] == b"Adobe" and n >= 12:
-            adobe = body[11]
+        if marker == 0xE0:
+            jfif = jfif or bytes(data[at:at + 5]) == b"JFIF\0"
+        elif marker == 0xEE and n >= 12 and bytes(data[at:at + 5]) == b"Adobe":
+            adobe = data[at + 11]
         elif marker in _SOF:
+            body = bytes(data[at:at + n])
             if sof is not None:
                 raise ValueError("two frame headers (SOF) in one JPEG")
             if n < 6 or n < 6 + 3 * body[5]:
                 raise ValueError("JPEG frame header (SOF) too short")
             sof = marker, body
         elif marker == SOS:
-            first_scan_comps = body[0] if n else 0
+            first_scan_comps = data[at] if n else 0
     if sof is None:
         raise ValueError("JPEG without a frame header (SOF) before its first scan")
     marker, body = sof
     precision, height, width, ncomp = struct.unpack_from(">BHHB", body)
-    comps = [body[6 + 3 * k:9 + 3 * k] for k in range(ncomp)]
-    sampling = tuple((c[1] >> 4, c[1] & 15) for c in comps)
-    if ncomp == 0 or any(not (1 <= h <= 4 and 1 <= v <= 4) for h, v in sampling):
-        raise ValueError(f"JPEG frame header with bad sampling factors {sampling}")
+    ids, sampling = body[6::3][:ncomp], []
+    for c in body[7::3][:ncomp]:
+        h, v = c >> 4, c & 15
+        if not (1 <= h <= 4 and 1 <= v <= 4):
+            raise ValueError(f"JPEG frame header with bad sampling factors {h}x{v}")
+        sampling.append((h, v))
+    if ncomp == 0:
+        raise ValueError("JPEG frame header without components")
     progressive = marker in _PROGRESSIVE
-    return Frame(height, width, sampling, _colorspace(ncomp, jfif, adobe,
-                                                      tuple(c[0] for c in comps)),
+    return Frame(height, width, tuple(sampling), _colorspace(ncomp, jfif, adobe, tuple(ids)),
                  progressive, progressive or first_scan_comps < ncomp,
                  marker in _HUFFMAN_8BIT and precision == 8)
 
