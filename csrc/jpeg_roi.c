@@ -78,6 +78,14 @@ static void on_message(j_common_ptr c, int level) {
     if (level < 0) on_error(c); /* a warning: corrupt or truncated data */
 }
 
+/* Errors and warnings longjmp to err->jump (the caller's setjmp) with the message in err->msg. */
+static void use_errors(struct jpeg_decompress_struct *ci, error_mgr *err) {
+    ci->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    err->limit = 0;
+}
+
 typedef struct {
     struct jpeg_progress_mgr pub;
     int max_scans;
@@ -150,10 +158,7 @@ static void run(job_t *job) {
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
     progress_mgr prog;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    err.limit = 0;
+    use_errors(&cinfo, &err);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo); /* safe on a partly set-up decompressor */
         job->status = err.limit ? 3 : 1;
@@ -432,10 +437,7 @@ static PyObject *header(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &db, PyBUF_SIMPLE) != 0) return NULL;
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    err.limit = 0;
+    use_errors(&cinfo, &err);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&db);
