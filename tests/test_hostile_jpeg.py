@@ -188,15 +188,16 @@ print("RSS_MB", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 
 """
 
 
-@pytest.mark.parametrize("mode,no_ext", [("CMYK", False), ("CMYK", True), (None, False),
-                                         (None, True)])
+@pytest.mark.parametrize("mode,no_ext", [(m, n) for m in ("CMYK", None, "progressive")
+                                         for n in (False, True)])
 def test_a_749_byte_file_claiming_11585_squared_is_an_error_in_little_memory(tmp_path, mode,
                                                                              no_ext):
     """Under MAX_PIXELS, so the size is allowed; its data is damaged, which must be an error,
     not 1.5 GB of grey (Pillow's route: CMYK), found before the big buffers are touched."""
     if _jpeg is None and not no_ext:
         pytest.skip("pooled_loader.vision._jpeg not built")
-    small = imgutil.encode(imgutil.rgb("astronaut", (64, 64)), quality=50, mode=mode)
+    small = imgutil.encode(imgutil.rgb("astronaut", (64, 64)), quality=50,
+                           **({"progressive": True} if mode == "progressive" else {"mode": mode}))
     bomb = sof_patched(small, 11585, 11585)[:747] + b"\xff\xd9"  # Pillow: grey after the EOI
     assert 11585 ** 2 <= decode.MAX_PIXELS and len(bomb) == 749
     path = imgutil.write(str(tmp_path / "bomb.jpg"), bomb)
@@ -234,7 +235,9 @@ def test_a_progressive_jpeg_whose_coefficients_exceed_the_memory_limit_is_refuse
     """A 30000^2 progressive JPEG is decodable at 1/8 (3750^2, under MAX_PIXELS), but libjpeg
     would keep 2.7 GB of coefficients: refused from its header, before any allocation."""
     prog = imgutil.encode(imgutil.rgb("astronaut", (64, 64)), progressive=True)
-    big = sof_patched(prog, 30000, 30000)
+    padding = jpegcraft.seg(0xEC, bytes(60000)) * 8  # long enough for its claimed blocks
+    big = sof_patched(prog[:2] + padding + prog[2:], 30000, 30000)
+    assert len(big) >= decode.read_header(big).frame.min_bytes()
     assert decode.read_header(big).frame.coef_bytes() > decode.MAX_DECODER_MEMORY
     msg = expect_error(folder(tmp_path, "prog.jpg", big), "coefficients", "limit")
     assert "MAX_DECODER_MEMORY" in msg

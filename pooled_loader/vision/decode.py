@@ -17,16 +17,16 @@ Failures raise :class:`~pooled_loader.errors.SampleError` with the reason; the d
 file name.
 
 Hostile files (issue 24) are refused before any large allocation, on every route: the decoded
-size is bounded by ``MAX_PIXELS``; a sequential JPEG shorter than 2 bits per 8x8 block of the
-size it claims is refused (a truncated file or a decompression bomb); a progressive or
-multi-scan JPEG's whole-image coefficient buffer is bounded by ``MAX_DECODER_MEMORY`` and its
-scans by ``MAX_SCANS`` (libjpeg-turbo's guard against scan-count bombs); an image without
-pixels or in a format Pillow only identifies (stub plugins: BUFR, HDF5, ...) is refused.
-Damaged data is an error on every route, never padded with grey: libjpeg's warnings are errors
-in the compiled decoder and in simplejpeg; a JPEG that Pillow decodes (CMYK, YCCK, RGB,
-arithmetic-coded) is first run through the compiled decoder's ``check()`` (Pillow ignores
-libjpeg's warnings), and Pillow loads with ``ImageFile.LOAD_TRUNCATED_IMAGES`` off whatever the
-process set.
+size is bounded by ``MAX_PIXELS``; a Huffman-coded JPEG shorter than the 8x8 blocks of its
+claimed size need (1 bit each at the very least) is refused (a truncated file or a decompression
+bomb); a progressive or multi-scan JPEG's whole-image coefficient buffer is bounded by
+``MAX_DECODER_MEMORY`` and its scans by ``MAX_SCANS`` (libjpeg-turbo's guard against scan-count
+bombs); an image without pixels or in a format Pillow only identifies (stub plugins: BUFR, HDF5,
+...) is refused. Damaged data is an error on every route, never padded with grey: libjpeg's
+warnings are errors in the compiled decoder and in simplejpeg; a JPEG that Pillow decodes (CMYK,
+YCCK, RGB, arithmetic-coded) is first run through the compiled decoder's ``check()`` (Pillow
+ignores libjpeg's warnings), and Pillow loads with ``ImageFile.LOAD_TRUNCATED_IMAGES`` off
+whatever the process set.
 """
 from __future__ import annotations
 
@@ -145,13 +145,13 @@ def _check_pixels(h: int, w: int) -> None:
 
 
 def _check_length(data: Buffer, header: Header) -> None:
-    """A sequential JPEG too short for the size it claims: truncated, or a decompression bomb
-    (a few hundred bytes claiming 11585x11585 pixels), refused before its buffer is allocated."""
+    """A JPEG too short for the size it claims: truncated, or a decompression bomb (a few
+    hundred bytes claiming 11585x11585 pixels), refused before its buffer is allocated."""
     fr = header.frame
     if fr is not None and len(data) < fr.min_bytes():
         raise SampleError(f"corrupt JPEG: {len(data)} bytes cannot hold the {fr.width}x"
-                          f"{fr.height} pixels it claims (at least {fr.min_bytes()} bytes: 2 "
-                          f"bits per 8x8 block); truncated, or a decompression bomb")
+                          f"{fr.height} pixels it claims (its 8x8 blocks need at least "
+                          f"{fr.min_bytes()}); truncated, or a decompression bomb")
 
 
 def _check_jpeg(data: Buffer, header: Header) -> None:

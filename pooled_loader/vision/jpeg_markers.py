@@ -43,12 +43,14 @@ class Frame(NamedTuple):
                 for h, v in self.sampling]
 
     def min_bytes(self) -> int:
-        """Fewest bytes of entropy-coded data a sequential Huffman JPEG of this size can have:
-        every 8x8 block codes a DC difference and an AC symbol, at least 1 bit each (0 for the
-        others, whose end-of-band runs can cover thousands of blocks in a few bits)."""
-        if self.progressive or not self.huffman_8bit:
+        """Fewest bytes of entropy-coded data a Huffman-coded JPEG of this size can have (a
+        Huffman code is at least 1 bit): sequential, every 8x8 block codes a DC difference and an
+        AC symbol; progressive, the first scan (which must be a DC scan) codes a DC difference
+        for every block of at least one component. 0 for arithmetic coding."""
+        if not self.huffman_8bit:
             return 0
-        return sum(-(-w // 8) * -(-h // 8) for w, h in self._samples()) * 2 // 8
+        blocks = [-(-w // 8) * -(-h // 8) for w, h in self._samples()]
+        return min(blocks) // 8 if self.progressive else sum(blocks) * 2 // 8
 
     def coef_bytes(self) -> int:
         """Bytes of the whole-image coefficient buffer a multi-scan decode needs (2 per sample,
