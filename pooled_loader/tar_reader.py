@@ -253,8 +253,8 @@ class TarReader:
             raise self.fail(at, "truncated shard: one zero block where the end-of-archive "
                                 "marker has two")
         if second != ZERO_BLOCK:
-            raise self.fail(at + BLOCK, "a zero block in mid-archive (a corrupt header?), then "
-                                        "more data")
+            raise self.fail(at, "a zero block in mid-archive (a corrupt header?), more data "
+                                "after it")
         pos = at + 2 * BLOCK
         while True:
             tail = self._get(CHUNK)
