@@ -511,10 +511,10 @@ def _check_leaf(lf: dict, id_: int, bad: Callable[[str], CacheFormatError]) -> d
     if kind == "none":
         return lf
     try:
-        dt = np.dtype(lf.get("dtype"))
+        dt = np.dtype(lf["dtype"]) if isinstance(lf.get("dtype"), str) else None
     except (TypeError, ValueError):
         dt = None
-    if dt is None or not isinstance(lf["dtype"], str) or dt.hasobject or (
+    if dt is None or dt.hasobject or (
             kind in SCALAR_KINDS and lf["dtype"] != SCALAR_KINDS[kind]) or (
             kind in ("str", "bytes") and (lf["dtype"], lf.get("ndim")) != ("|u1", 1)):
         raise bad(f"leaf {id_} has dtype {_short(lf.get('dtype'))}")
