@@ -307,6 +307,8 @@ def main() -> int:
     ap.add_argument("--corpus", default=None, help="seed corpus folder (made if missing)")
     ap.add_argument("--artifacts", default="fuzz_artifacts")
     ap.add_argument("--seed", type=int, default=0, help="random engine's seed")
+    ap.add_argument("--replay", default=None, metavar="FILE",
+                    help="run --target once on FILE (a finding) and show what it raises")
     ap.add_argument("--wide-ints", choices=("auto", "yes", "no"), default="auto",
                     help="jpeg target: integers up to 2**63 (auto: if the extension checks them)")
     args = ap.parse_args()
@@ -336,6 +338,10 @@ def main() -> int:
                                            and extension_checks_wide_ints())
         if args.target == "jpeg":
             print(f"jpeg: integer arguments up to {'2**63' if wide else '2**40'}")
+        if args.replay:
+            target_fn(args.target, tmp, wide)(open(args.replay, "rb").read())
+            print(f"{args.target}: {args.replay}: no finding")
+            return 0
         tdir = os.path.join(corpus, args.target)
         if engine == "atheris":
             run_atheris(args.target, tdir, args.seconds, args.artifacts, wide, tmp, args.seed)
