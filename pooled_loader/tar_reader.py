@@ -1,24 +1,22 @@
 """Tar shards read on a bounded path: every header is checked before anything is allocated.
 
-Python's ``tarfile`` loops forever on a negative base-256 size, reads a GNU longname or pax
-header of whatever size it claims into memory, and takes a bad header, or a shard cut at a
-member boundary, for the end of the archive (the samples after it vanish without a word).
-``TarReader`` parses ustar, GNU and pax headers itself, and every tar reader of the package
-uses it:
+Python's ``tarfile`` loops forever on a negative base-256 size, reads a longname or pax header
+of whatever size it claims into memory, and takes a bad header, or a shard cut between members,
+for the end of the archive (the samples after it vanish). ``TarReader`` parses ustar, GNU and
+pax headers itself, and every tar reader of the package uses it:
 
-- each header's checksum is verified; sizes are octal or positive base-256 numbers and, when
-  the archive's size is known (a local file), a member must lie inside it;
-- GNU longname/longlink and pax headers hold at most ``MAX_META_BYTES``, pax records must be
-  well formed; sparse members are refused;
-- member data is read in pieces, so memory follows the bytes that actually arrive, and a member
-  is at most ``MAX_MEMBER_BYTES``;
-- the archive must end as tar says: two zero blocks, then only zero padding. A bad header, a
-  shard truncated anywhere (even between members) and data after the end all raise
-  ``ShardFormatError`` naming the shard and the byte offset.
+- header checksums are verified; sizes are octal or positive base-256 numbers and, when the
+  archive's size is known (a local file), a member must lie inside it;
+- longname/longlink and pax headers hold at most ``MAX_META_BYTES``, pax records must be well
+  formed, sparse members are refused; data is read in pieces (memory follows the bytes that
+  arrive), at most ``MAX_MEMBER_BYTES`` per member;
+- the archive must end as tar says: two zero blocks, then only zeros. A bad header, a shard
+  truncated anywhere and data after the end raise ``ShardFormatError`` naming the shard and
+  the byte offset.
 
-Reading is sequential (a local file, an HTTP or ``pipe:`` stream alike); a local file's data is
-seeked over when it is not read. gzip, bzip2 and xz shards are decompressed on the fly (offsets
-are then positions in the uncompressed tar, and ``plain`` is False).
+Reading is sequential (local file, HTTP or ``pipe:`` stream alike); a local file's unread data
+is seeked over. gzip, bzip2 and xz shards are decompressed on the fly (offsets are then those of
+the uncompressed tar, and ``plain`` is False).
 """
 from __future__ import annotations
 
@@ -42,7 +40,9 @@ MAX_MEMBER_BYTES = 1 << 32  # 4 GiB: one member's data is held in memory whole
 CHUNK = 1 << 22  # data is read (and skipped on a stream) 4 MiB at a time
 REGULAR = (b"0", b"\0", b"7")
 NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos
-PAX, PAX_GLOBAL, LONGNAME, LONGLINK, SPARSE = (b"x", b"X"), b"g", b"L", b"K", b"S"
+PAX_GLOBAL, LONGNAME, LONGLINK, SPARSE = b"g", b"L", b"K", b"S"
+META = {b"x": "pax", b"X": "pax", b"g": "pax global", b"L": "GNU longname",
+        b"K": "GNU longlink"}  # headers that describe the next member
 POSIX_MAGIC = b"ustar\x0000"
 COMPRESSED = ((b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
               (b"BZh", bz2.BZ2File), (b"\xfd7zXZ\x00", lzma.LZMAFile))
@@ -159,37 +159,42 @@ class TarReader:
             if kind in NO_DATA:  # as tarfile: these carry no data whatever their size says
                 size = 0
             self._check_inside(at, name, size)
-            padded = -size % BLOCK + size
-            if kind in PAX or kind == PAX_GLOBAL or kind in (LONGNAME, LONGLINK):
-                if size > MAX_META_BYTES:
-                    raise self.fail(at, f"a {_META_NAMES[kind]} header of {size} bytes (at "
-                                        f"most {MAX_META_BYTES} are accepted)")
-                data = self._read(size, "a header")
-                self._skip(padded - size)
+            if kind in META:
                 first = at if first is None else first
-                if kind == LONGNAME:
-                    names[b"path"] = data.split(b"\0", 1)[0]
-                elif kind != LONGLINK:
-                    (gpax if kind == PAX_GLOBAL else names).update(self._pax(data, at))
+                (gpax if kind == PAX_GLOBAL else names).update(self._meta(kind, size, at))
                 continue
-            if kind == SPARSE or any(k.startswith(b"GNU.sparse") for k in names):
-                raise self.fail(at, f"sparse member {name!r}: not supported in a shard")
-            pax = {**gpax, **names} if gpax else names
-            if b"path" in pax:
-                name = pax[b"path"].decode("utf-8", "surrogateescape")
-            if b"size" in pax:
-                text = pax[b"size"]
-                if not text.isdigit():
-                    raise self.fail(at, f"pax size {text[:40]!r} of member {name!r}")
-                size = int(text)
-                self._check_inside(at, name, size)
-                padded = -size % BLOCK + size
-            m = Member(name, self.base + (at if first is None else first),
-                       self.base + self._pos, size, kind)
+            m = self._member(at, first, kind, size, name, {**gpax, **names} if gpax else names)
             names, first = {}, None
-            self._unread, self._current = padded, m
+            self._unread, self._current = -m.size % BLOCK + m.size, m
             yield m
             self._current = None
+
+    def _meta(self, kind: bytes, size: int, at: int) -> dict[bytes, bytes]:
+        """The records of a longname or pax header (its data read, bounded)."""
+        if size > MAX_META_BYTES:
+            raise self.fail(at, f"a {META[kind]} header of {size} bytes (at most "
+                                f"{MAX_META_BYTES} are accepted)")
+        data = self._read(size, "a header")
+        self._skip(-size % BLOCK)
+        if kind == LONGNAME:
+            return {b"path": data.split(b"\0", 1)[0]}
+        return {} if kind == LONGLINK else self._pax(data, at)
+
+    def _member(self, at: int, first: Optional[int], kind: bytes, size: int, name: str,
+                pax: dict[bytes, bytes]) -> Member:
+        """The member whose header is at ``at``, with what its longname/pax headers say."""
+        if kind == SPARSE or any(k.startswith(b"GNU.sparse") for k in pax):
+            raise self.fail(at, f"sparse member {name!r}: not supported in a shard")
+        if b"path" in pax:
+            name = pax[b"path"].decode("utf-8", "surrogateescape")
+        if b"size" in pax:
+            text = pax[b"size"]
+            if not text.isdigit():
+                raise self.fail(at, f"pax size {text[:40]!r} of member {name!r}")
+            size = int(text)
+            self._check_inside(at, name, size)
+        return Member(name, self.base + (at if first is None else first), self.base + self._pos,
+                      size, kind)
 
     def read(self, member: Member) -> bytes:
         """The data of ``member``, the member the iteration just yielded."""
@@ -265,8 +270,4 @@ class TarReader:
                 raise self.fail(pos + lead, "data after the end-of-archive marker")
             pos += len(tail)
         self._pos, self.end = pos, self.base + at
-
-
-_META_NAMES = {b"x": "pax", b"X": "pax", b"g": "pax global", b"L": "GNU longname",
-               b"K": "GNU longlink"}
 
