@@ -13,7 +13,7 @@ One file holds every sample of a dataset (``count`` indices x ``variants`` outpu
     4096          data: one record per (index, variant) and variable-size leaf, each at a
                   64-byte aligned offset, in the order the build finished them
     ...           trailer: the index arrays (64-byte aligned, raw little-endian), then the
-                  JSON header that names them: {"arrays": {name: {offset, dtype, shape}}, ...}
+                  JSON header that names them: {"arrays": {name: {offset, dtype, shape, crc}}, ...}
 
 The trailer is written last, so a build appends records without knowing their sizes in advance
 and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layout:
