@@ -61,7 +61,7 @@ def timed_states(loader: PooledLoader, batches: int, world: int,
     """The loader's state_dict() time after `batches` batches, and the states of `world` ranks
     (its state with the rank changed, and `also(state, rank)` applied)."""
     it = iter(loader)
-    for _ in range(batches):
+    for _ in range(min(batches, len(loader) - 1)):  # mid-epoch
         next(it)
     ms = median_ms(loader.state_dict, 200)
     state = loader.state_dict()
