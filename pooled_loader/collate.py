@@ -13,8 +13,9 @@ lists): pass one as `collate_fn`.
   concatenated along their first dimension (1-D samples give one 1-D tensor), `cu_seqlens`
   [batch + 1] int32 (FlashAttention's varlen layout) and `position_ids` [total] int64, restarting
   at 0 in every sample.
-- `as_list()`: each ragged array becomes a tuple of per-sample tensors, what the detection idiom
-  `tuple(zip(*batch))` gives for that field.
+- `as_list()`: each ragged array becomes a tuple of per-sample tensors, and the sample's
+  containers are kept: a batch of (image, boxes) is what the detection idiom
+  `tuple(zip(*batch))` gives, (images, boxes), with tensors.
 
 With PooledLoader the worker writes the output (padding included) straight into the batch's slot
 and the batch is handed out as views of it; with a DataLoader (or called directly) the helper is
@@ -52,6 +53,8 @@ class Packed(NamedTuple):
 
 class RaggedCollate:
     """Base of the helpers: a collate function PooledLoader's workers carry out into the slot."""
+
+    keeps_containers = False  # default_collate's rule: a batch of tuples comes out as a list
 
     def __init__(self, ragged: Collection | None = None):
         if ragged is not None and (isinstance(ragged, (str, bytes)) or not all(
@@ -177,6 +180,7 @@ class _Packed(RaggedCollate):
 
 
 class _AsList(RaggedCollate):
+    keeps_containers = True  # as tuple(zip(*batch)): a batch of (image, boxes) is a tuple
     def __repr__(self) -> str:
         return f"as_list({self._args()})"
 

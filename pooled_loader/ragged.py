@@ -117,7 +117,7 @@ def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = Non
         counts.append(len(node_leaves))
         nodes.append(_renumber(node, base))
     offsets, total = place(out_leaves)
-    out_spec = _replace_leaves(collated_spec(spec), nodes)
+    out_spec = _replace_leaves(spec if collate.keeps_containers else collated_spec(spec), nodes)
     return Plan(spec=out_spec, leaves=list(zip(out_leaves, offsets)),
                 metas=_collate_metas(spec, meta_columns), nbytes=total, writers=writers,
                 counts=counts, num_samples=len(samples))
