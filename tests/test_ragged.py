@@ -273,3 +273,51 @@ def test_the_device_stage_copies_the_used_bytes_not_the_slot():
     expected = sum(t.nbytes for b in batches for t in b)
     assert sum(copied) == expected
     assert max(copied) < loader.stats()["slot_bytes"]
+
+
+def test_size_classes_are_page_aligned_and_waste_under_a_fifth():
+    from pooled_loader.size_classes import SIZE_CLASS_FLOOR, size_class
+    previous = 0
+    for n in [1, 4096, SIZE_CLASS_FLOOR, SIZE_CLASS_FLOOR + 1, 10**6, 3 * 2**20 + 5, 10**9]:
+        c = size_class(n)
+        assert c >= n and c % 4096 == 0 and c >= previous
+        assert c == SIZE_CLASS_FLOOR or c < 1.19 * n + 4096
+        previous = c
+
+
+def test_one_huge_batch_gets_a_slot_of_its_class_not_a_pool_of_them():
+    class OneHuge(Tokens):
+        def __getitem__(self, i):
+            return torch.ones(2**20 if i == 13 else 100, dtype=torch.int64)  # 8 MiB vs 800 B
+    loader = PooledLoader(OneHuge(40), batch_size=4, num_workers=2, collate_fn=packed())
+    for _ in range(2):
+        sizes = [len(b.values) for b in loader]
+    assert sizes[3] == 2**20 + 300 and sizes.count(400) == 9
+    stats = loader.stats()
+    huge = max(stats["size_classes"])
+    assert len(stats["size_classes"]) == 2 and huge >= 8 * 2**20
+    assert stats["peak_bytes"] < 3 * huge < stats["slots"] * huge  # 2 huge slots, not 6
+    assert stats["arenas"] == 2 and stats["allocations_after_warmup"] == 0
+
+
+def test_the_typical_class_follows_the_batches_and_small_idle_arenas_retire():
+    from pooled_loader import SlotPool
+    pool = SlotPool(4096, 3)
+    for used in [10_000] * 5 + [900_000] * 70:
+        ref = pool.acquire(used)
+        pool.lease(ref, used)  # dropped at once: the slot comes back
+    stats = pool.stats()
+    assert stats["slot_bytes"] >= 900_000 and stats["arenas"] == 1  # the 64 KiB one retired
+    assert pool.counters["grown_dry"] == 0
+
+
+def test_dtype_casts_ragged_values_while_writing_them():
+    samples = [np.arange(3, dtype=np.uint16), np.arange(1, dtype=np.uint16)]
+    for helper in (pad(pad_value=-1, dtype=torch.int64), packed(dtype=torch.int64),
+                   as_list(dtype=torch.int64)):
+        ours = next(iter(PooledLoader(samples, batch_size=2, num_workers=1, collate_fn=helper)))
+        assert_same(ours, helper(samples))
+    out = pad(pad_value=-1, dtype=torch.int64)(samples)
+    assert out.values.tolist() == [[0, 1, 2], [0, -1, -1]]
+    with pytest.raises(TypeError, match="dtype="):
+        pad(dtype=np.int64)
