@@ -22,7 +22,7 @@ and the batch is handed out as views of it; with a DataLoader (or called directl
 an ordinary collate function giving the same values. Arrays with at least one dimension are
 ragged unless `ragged=` names the ragged fields (top-level keys or indices of the sample); the
 other arrays are stacked, numbers become tensors and strings are gathered, as default_collate
-does. How batches are planned and written: `pooled_loader.ragged`.
+does. `dtype=` (e.g. torch.int64) writes the ragged fields' values in that dtype. How batches are planned and written: `pooled_loader.ragged`.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import ragged as _ragged
-from .layout import Leaf, as_numpy
+from .layout import _TORCH_TO_NUMPY, Leaf, as_numpy
 
 
 class Padded(NamedTuple):
@@ -56,7 +56,12 @@ class RaggedCollate:
 
     keeps_containers = False  # default_collate's rule: a batch of tuples comes out as a list
 
-    def __init__(self, ragged: Collection | None = None):
+    def __init__(self, ragged: Collection | None = None, dtype: torch.dtype | None = None):
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype == torch.bfloat16
+                                  or dtype not in _TORCH_TO_NUMPY):
+            raise TypeError(f"dtype= takes a torch dtype (not bfloat16) to write ragged fields "
+                            f"as, e.g. torch.int64, not {dtype!r}")
+        self.dtype = dtype
         if ragged is not None and (isinstance(ragged, (str, bytes)) or not all(
                 isinstance(k, (str, int)) for k in ragged)):
             raise TypeError("ragged= takes a collection of top-level keys or indices, e.g. "
@@ -75,8 +80,16 @@ class RaggedCollate:
         """(output leaves, writer, spec node) of one ragged field; see `ragged.plan`."""
         raise NotImplementedError
 
+    def values_leaf(self, leaf: Leaf, shape: tuple) -> Leaf:
+        """The output leaf of a ragged field's values: `dtype=` if given (numpy casts while
+        writing, so a uint16 token file becomes int64 with no extra copy), else the input's."""
+        if self.dtype is None:
+            return _ragged.out_leaf(leaf, shape)
+        return Leaf("tensor", tuple(int(n) for n in shape), str(self.dtype).split(".")[1])
+
     def _args(self) -> str:
-        return "" if self.ragged is None else f"ragged={sorted(self.ragged, key=str)!r}"
+        args = [] if self.ragged is None else [f"ragged={sorted(self.ragged, key=str)!r}"]
+        return ", ".join(args + ([] if self.dtype is None else [f"dtype={self.dtype}"]))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__.lstrip('_')}({self._args()})"
@@ -93,8 +106,8 @@ def _ndims(column: list[np.ndarray], where: tuple) -> int:
 
 class _Pad(RaggedCollate):
     def __init__(self, pad_value: float = 0, to_multiple_of: int | None = None,
-                 ragged: Collection | None = None):
-        super().__init__(ragged)
+                 ragged: Collection | None = None, dtype: torch.dtype | None = None):
+        super().__init__(ragged, dtype)
         if to_multiple_of is not None and (not isinstance(to_multiple_of, int)
                                            or to_multiple_of < 1):
             raise ValueError(f"to_multiple_of must be a positive int, not {to_multiple_of!r}")
@@ -116,7 +129,7 @@ class _Pad(RaggedCollate):
             m = self.to_multiple_of
             longest = (longest + m - 1) // m * m
         full = (len(column),) + tuple(int(n) for n in longest)
-        values = _ragged.out_leaf(leaf, full)
+        values = self.values_leaf(leaf, full)
         lengths = Leaf("tensor", (len(column),) if ndim == 1 else (len(column), ndim), "int64")
         mask = Leaf("tensor", full, "bool")
         torch_dtype = getattr(torch, values.dtype)
@@ -164,7 +177,7 @@ class _Packed(RaggedCollate):
         if total > _ragged.MAX_CU_SEQLEN:
             raise ValueError(f"{self!r}: {total} rows in one batch do not fit int32 cu_seqlens; "
                              "use smaller batches")
-        values = _ragged.out_leaf(leaf, (total,) + rest)
+        values = self.values_leaf(leaf, (total,) + rest)
         cu_leaf = Leaf("tensor", (len(column) + 1,), "int32")
         pos_leaf = Leaf("tensor", (total,), "int64")
 
@@ -185,7 +198,7 @@ class _AsList(RaggedCollate):
         return f"as_list({self._args()})"
 
     def form_plan(self, column: list[np.ndarray], leaf: Leaf, where: tuple) -> tuple:
-        leaves = [_ragged.out_leaf(Leaf("ndarray", a.shape, a.dtype.str) if leaf.kind ==
+        leaves = [self.values_leaf(Leaf("ndarray", a.shape, a.dtype.str) if leaf.kind ==
                                    "ndarray" else leaf, a.shape) for a in column]
         if leaf.kind == "tensor":
             _ragged.same_dtype(column, where)  # a tensor leaf's dtype name is the first one's
@@ -198,19 +211,19 @@ class _AsList(RaggedCollate):
 
 
 def pad(pad_value: float = 0, to_multiple_of: int | None = None,
-        ragged: Collection | None = None) -> RaggedCollate:
+        ragged: Collection | None = None, dtype: torch.dtype | None = None) -> RaggedCollate:
     """Pad ragged fields to the batch's longest: `Padded(values, lengths, mask)` per field."""
-    return _Pad(pad_value, to_multiple_of, ragged)
+    return _Pad(pad_value, to_multiple_of, ragged, dtype)
 
 
-def packed(ragged: Collection | None = None) -> RaggedCollate:
+def packed(ragged: Collection | None = None, dtype: torch.dtype | None = None) -> RaggedCollate:
     """Concatenate ragged fields: `Packed(values, cu_seqlens, position_ids)` per field."""
-    return _Packed(ragged)
+    return _Packed(ragged, dtype)
 
 
-def as_list(ragged: Collection | None = None) -> RaggedCollate:
+def as_list(ragged: Collection | None = None, dtype: torch.dtype | None = None) -> RaggedCollate:
     """Hand out ragged fields as a tuple of per-sample tensors (`tuple(zip(*batch))` style)."""
-    return _AsList(ragged)
+    return _AsList(ragged, dtype)
 
 
 __all__ = ["pad", "packed", "as_list", "Padded", "Packed", "RaggedCollate"]
