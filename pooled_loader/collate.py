@@ -138,19 +138,18 @@ class _Pad(RaggedCollate):
         def write(views: list[np.ndarray]) -> None:
             out, out_lengths, out_mask = views
             out_lengths[...] = shapes.reshape(out_lengths.shape)
+            if ndim == 1:  # the common case: one fill, one copy per sample, one mask op
+                out.fill(fill)
+                for j, a in enumerate(column):
+                    out[j, :a.shape[0]] = a
+                np.less(np.arange(full[1])[None, :], shapes, out=out_mask)
+                return
+            out.fill(fill)
+            out_mask.fill(False)
             for j, a in enumerate(column):
-                if ndim == 1:  # the common case: pad only the tail
-                    n = a.shape[0]
-                    out[j, :n] = a
-                    out[j, n:] = fill
-                    out_mask[j, :n] = True
-                    out_mask[j, n:] = False
-                else:
-                    inside = tuple(slice(0, n) for n in a.shape)
-                    out[j].fill(fill)
-                    out[j][inside] = a
-                    out_mask[j].fill(False)
-                    out_mask[j][inside] = True
+                inside = (j,) + tuple(slice(0, n) for n in a.shape)
+                out[inside] = a
+                out_mask[inside] = True
         node = ("namedtuple", Padded, [("leaf", 0), ("leaf", 1), ("leaf", 2)])
         return [values, lengths, mask], write, node
 

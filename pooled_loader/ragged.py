@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from .collate import RaggedCollate
 
 MAX_CU_SEQLEN = 2**31 - 1  # cu_seqlens is int32 (FlashAttention's varlen layout)
+_ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool)  # what a later sample's
+# array leaf may be (its kind, shape and dtype are checked by the form that takes it)
 
 
 @dataclass
@@ -79,11 +81,13 @@ def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = Non
     first_leaves = [leaf_of(a, numbers=True) for a in arrays]
     columns = [[as_numpy(a)] for a in arrays]
     meta_columns = [[m] for m in metas]
+    bare = spec == ("leaf", 0)  # each sample is one array (token lists): nothing to walk
     for j in range(1, len(samples)):
-        s_arrays: list = []
+        s_arrays: list = [samples[j]] if bare else []
         s_metas: list = []
         try:
-            extract(spec, samples[j], s_arrays, s_metas)
+            if not bare:
+                extract(spec, samples[j], s_arrays, s_metas)
             if len(s_arrays) != len(arrays):
                 raise StructureMismatch
         except StructureMismatch:
@@ -91,7 +95,7 @@ def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = Non
                              f"of {_sample_name(indices, 0)} (every sample of a batch needs the "
                              "same keys and fields)") from None
         for k, value in enumerate(s_arrays):
-            if leaf_of(value, numbers=True) is None:
+            if not isinstance(value, _ARRAYS):
                 raise ValueError(f"{collate!r}: field {_leaf_names(spec).get(k)!r} of "
                                  f"{_sample_name(indices, j)} is a {type(value).__name__}, not "
                                  "an array like in the first sample")

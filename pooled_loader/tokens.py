@@ -217,6 +217,12 @@ class TokenDataset(Dataset):
         lengths = np.diff(self.offsets)
         return lengths if self.max_len is None else np.minimum(lengths, self.max_len)
 
+    def max_id(self) -> int:
+        """The largest token id in the file (one pass over the mapping; -1 when empty), e.g. to
+        size an embedding."""
+        tokens = self._map()
+        return int(tokens.max()) if tokens.size else -1
+
     def __getitem__(self, i: int) -> np.ndarray:
         n = len(self)
         if not -n <= i < n:
