@@ -1,4 +1,5 @@
-"""The slot pool: fixed-size batch slots in anonymous shared memory, recycled by reference counting.
+"""The slot pool: batch slots of a few size classes in anonymous shared memory, recycled by
+reference counting (the classes: `size_classes.py`).
 
 One *arena* is one `memfd_create` file mapped once: nothing is named in `/dev/shm`, so a killed
 process leaks nothing and a small `/dev/shm` does not limit the pool. Workers open an arena through

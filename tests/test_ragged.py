@@ -321,3 +321,18 @@ def test_dtype_casts_ragged_values_while_writing_them():
     assert out.values.tolist() == [[0, 1, 2], [0, -1, -1]]
     with pytest.raises(TypeError, match="dtype="):
         pad(dtype=np.int64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_ragged_batches_on_the_gpu_equal_the_host_batches_and_come_from_pinned_slots():
+    ds = Detection()
+    host = list(PooledLoader(ds, batch_size=4, num_workers=2, collate_fn=as_list()))
+    gpu = list(PooledLoader(ds, batch_size=4, num_workers=2, collate_fn=as_list(),
+                            device="cuda"))
+    assert len(gpu) == len(host)
+    for h, g in zip(host, gpu):
+        assert all(t.is_cuda for field in g for t in field)
+        assert_same(h, tuple(tuple(t.cpu() for t in field) for field in g))
+    pinned = next(iter(PooledLoader(Tokens(), batch_size=4, num_workers=1, pin_memory=True,
+                                    collate_fn=pad())))
+    assert pinned.values.is_pinned() and pinned.mask.is_pinned()
