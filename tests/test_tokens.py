@@ -146,3 +146,13 @@ def test_tokens_write_command_tokenizes_a_folder_with_the_users_function(tmp_pat
     os.truncate(out + ".idx", 20)
     broken = run("info", out)
     assert broken.returncode == 1 and "corpus.idx" in broken.stderr
+
+
+def test_spawned_workers_map_the_file_themselves(token_file):
+    path, docs = token_file
+    ds = TokenDataset(path)
+    ds[0]  # mapped here: the map must not travel to the workers
+    loader = PooledLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="spawn",
+                          collate_fn=packed(dtype=torch.int64))
+    values = torch.cat([b.values for b in loader])
+    assert torch.equal(values, torch.from_numpy(np.concatenate(docs).astype(np.int64)))
