@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Ragged batches (issue 26): PooledLoader's collate helpers vs DataLoader with Python collates.
 
-    python scripts/bench_ragged.py [--rounds 5] [--workers 2] [--docs 20000] [--json PATH]
+    python scripts/bench_ragged.py [--rounds 5] [--epochs 2] [--workers 2] [--docs 20000]
+                                   [--only tokens|detection] [--json PATH]
 
 (a) Tokens. A token file (``pooled_loader.tokens``, uint16) of `--docs` documents whose lengths
     are log-normal (median 400) clipped to 16..4096, batched by
@@ -18,13 +19,16 @@
 
 Every (round, loader) runs in a fresh process (the order alternates between rounds): one warm-up
 epoch, then `--epochs` timed epochs with persistent workers; peak PSS of the process tree is
-sampled every 0.1 s over the whole run. Prints a Markdown table; ratios are ours / peer medians.
+sampled every 0.1 s over the whole run, and its CPU seconds (user + system, main process and
+workers) over the timed epochs: samples per CPU-second depends less on what else the machine
+runs than samples/s. Prints a Markdown table and the medians of the per-round ratios ours / peer.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -162,15 +166,15 @@ def run_one(task: str, config: str, path: str, workers: int, epochs: int) -> dic
     samples_per_batch = []
     for _ in loader:  # warm-up epoch (workers start, the pool finds its sizes)
         pass
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), tree_cpu_s()
     for _ in range(epochs):
         for batch in loader:
             samples_per_batch.append(_samples(batch))
             del batch
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, tree_cpu_s() - cpu_start
     stop.set()
     result = {"samples_per_s": sum(samples_per_batch) / elapsed, "seconds": elapsed,
-              "peak_pss_mb": peak[0]}
+              "samples_per_cpu_s": sum(samples_per_batch) / cpu, "peak_pss_mb": peak[0]}
     if task == "tokens":
         lengths = doc_lengths(len(loader.dataset))
         real = sum(int(lengths[b].sum()) for b in loader.batch_sampler)
@@ -181,6 +185,20 @@ def run_one(task: str, config: str, path: str, workers: int, epochs: int) -> dic
         result["allocations_after_warmup"] = loader.stats()["allocations_after_warmup"]
         result["arenas"] = loader.stats()["arenas"]
     return result
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live workers so far."""
+    import psutil
+    root = psutil.Process()
+    total = 0.0
+    for p in [root] + root.children(recursive=True):
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def _samples(batch) -> int:
@@ -205,7 +223,15 @@ def main() -> None:
         print(json.dumps(run_one(*args.run, args.workers, args.epochs)))
         return
     tmp = tempfile.mkdtemp(prefix="bench_ragged_")
-    path = os.path.join(tmp, "tokens")
+    try:
+        results = run_rounds(args, os.path.join(tmp, "tokens"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(results, args)
+
+
+def run_rounds(args: argparse.Namespace, path: str) -> dict:
+    """Every (round, loader) in a fresh process, alternating the order; the raw figures."""
     make_tokens(path, args.docs)
     results: dict = {}
     for task, configs in CONFIGS.items():
@@ -220,24 +246,29 @@ def main() -> None:
                 results.setdefault(task, {}).setdefault(config, []).append(
                     json.loads(out.stdout.strip().splitlines()[-1]))
                 print(task, config, r, results[task][config][-1], file=sys.stderr, flush=True)
+    return results
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     for task, per in results.items():
         med = {c: {k: statistics.median(run[k] for run in runs) for k in runs[0]
                    if runs[0][k] is not None} for c, runs in per.items()}
         print(f"\n{task} (medians of {args.rounds} rounds)\n")
-        print("| loader | samples/s | tokens/s | padding | peak PSS MB | allocs after warm-up |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        print("| loader | samples/s | samples/CPU-s | tokens/s | padding | peak PSS MB "
+              "| allocs after warm-up |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for c, m in med.items():
             tok = f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-"
             pad_ = f"{100 * m['padding']:.1f}%" if "padding" in m else "-"
-            print(f"| {c} | {m['samples_per_s']:,.0f} | {tok} | {pad_} | {m['peak_pss_mb']:.0f} "
+            print(f"| {c} | {m['samples_per_s']:,.0f} | {m['samples_per_cpu_s']:,.0f} | {tok} "
+                  f"| {pad_} | {m['peak_pss_mb']:.0f} "
                   f"| {m.get('allocations_after_warmup', '-')} |")
         for c in med:
-            if c != "ours":
-                ratios = [o["samples_per_s"] / p["samples_per_s"]
-                          for o, p in zip(per["ours"], per[c])]
-                print(f"\nours / {c}: {statistics.median(ratios):.2f}x (per-round ratios "
-                      f"{', '.join(f'{x:.2f}' for x in ratios)})")
+            for key in ("samples_per_s", "samples_per_cpu_s") if c != "ours" else ():
+                ratios = [o[key] / p[key] for o, p in zip(per["ours"], per[c])]
+                print(f"\nours / {c}, {key}: {statistics.median(ratios):.2f}x (per-round "
+                      f"ratios {', '.join(f'{x:.2f}' for x in ratios)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
