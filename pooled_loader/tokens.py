@@ -29,6 +29,7 @@ import argparse
 import importlib
 import os
 import struct
+import tempfile
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -62,7 +63,8 @@ def write_tokens(path: str | os.PathLike, docs: Iterable[Any], dtype: Any = np.u
         raise ValueError(f"token dtype must be one of uint16, uint32, int32, int64, not {dtype}")
     info = np.iinfo(dtype)
     bin_path, idx_path = _paths(path)
-    tmp_bin, tmp_idx = f"{bin_path}.tmp-{os.getpid()}", f"{idx_path}.tmp-{os.getpid()}"
+    # new files of unpredictable names (a link planted in a shared folder is never written through)
+    tmp_bin, tmp_idx = (_new_temp(name) for name in (bin_path, idx_path))
     offsets = [0]
     try:
         with open(tmp_bin, "wb") as out:
@@ -88,6 +90,13 @@ def write_tokens(path: str | os.PathLike, docs: Iterable[Any], dtype: Any = np.u
             if os.path.exists(tmp):
                 os.remove(tmp)
     return {"num_tokens": offsets[-1], "num_docs": len(offsets) - 1, "dtype": dtype.name}
+
+
+def _new_temp(final: str) -> str:
+    fd, name = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(final)),
+                                prefix=os.path.basename(final) + ".", suffix=".tmp")
+    os.close(fd)
+    return name
 
 
 def load_tokenizer(spec: str) -> Callable[[str], Any]:
@@ -192,18 +201,30 @@ class TokenDataset(Dataset):
             raise ValueError(f"{_paths(self.path)[0]}: {self.num_tokens} tokens, fewer than one "
                              f"window of seq_len={seq_len}")
         self._tokens: np.ndarray | None = None  # mapped on first use, in each process
+        self._file: Any = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_tokens": None}  # workers map the file themselves
+        return {**self.__dict__, "_tokens": None, "_file": None}  # workers map it themselves
 
     def _map(self) -> np.ndarray:
         if self._tokens is None:
             bin_path = _paths(self.path)[0]
+            self._file = open(bin_path, "rb")
+            self._check_size()
             # a plain ndarray over the mapping (its base keeps the map open), so items are
             # ordinary arrays for every collate
-            self._tokens = (np.memmap(bin_path, dtype=self.dtype, mode="r").view(np.ndarray)
+            self._tokens = (np.memmap(self._file, dtype=self.dtype, mode="r").view(np.ndarray)
                             if self.num_tokens else np.empty(0, self.dtype))
+        else:
+            self._check_size()
         return self._tokens
+
+    def _check_size(self) -> None:
+        """A file cut short while mapped would kill the process (SIGBUS) at the first read past
+        its new end: one fstat per item turns that into an error naming the file."""
+        if os.fstat(self._file.fileno()).st_size < self.num_tokens * self.dtype.itemsize:
+            raise TokenFileError(f"{self._file.name}: the file shrank while it was open (it was "
+                                 f"{self.num_tokens} tokens); was it rewritten in place?")
 
     def __len__(self) -> int:
         if self.seq_len is None:

@@ -156,3 +156,19 @@ def test_spawned_workers_map_the_file_themselves(token_file):
                           collate_fn=packed(dtype=torch.int64))
     values = torch.cat([b.values for b in loader])
     assert torch.equal(values, torch.from_numpy(np.concatenate(docs).astype(np.int64)))
+
+
+def test_a_token_file_cut_short_while_open_is_an_error_not_a_crash(token_file):
+    path, docs = token_file
+    ds = TokenDataset(path)
+    assert np.array_equal(ds[0], docs[0])
+    os.truncate(path + ".bin", 10)
+    with pytest.raises(TokenFileError, match="corpus.bin: the file shrank"):
+        ds[len(docs) - 1]
+
+
+def test_writing_leaves_no_temporary_files_and_replaces_a_pair_whole(tmp_path):
+    write_tokens(tmp_path / "c", [[1, 2, 3]])
+    write_tokens(tmp_path / "c", [[4], [5, 6]])
+    assert sorted(os.listdir(tmp_path)) == ["c.bin", "c.idx"]
+    assert TokenDataset(tmp_path / "c")[1].tolist() == [5, 6]
