@@ -154,6 +154,7 @@ def build(task: str, config: str, path: str, workers: int):
 
 def run_one(task: str, config: str, path: str, workers: int, epochs: int) -> dict:
     from bench_memory import tree_pss_mb
+    from bench_wds import cpu_seconds as tree_cpu_s  # main process + live workers
     peak = [0.0]
     stop = threading.Event()
 
@@ -185,20 +186,6 @@ def run_one(task: str, config: str, path: str, workers: int, epochs: int) -> dic
         result["allocations_after_warmup"] = loader.stats()["allocations_after_warmup"]
         result["arenas"] = loader.stats()["arenas"]
     return result
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and its live workers so far."""
-    import psutil
-    root = psutil.Process()
-    total = 0.0
-    for p in [root] + root.children(recursive=True):
-        try:
-            times = p.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def _samples(batch) -> int:
