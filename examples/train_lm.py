@@ -28,7 +28,7 @@ from pooled_loader.collate import packed
 from pooled_loader.samplers import TokenBudgetBatchSampler
 from pooled_loader.tokens import TokenDataset, write_tokens
 
-DEMO_DOCS = 250
+DEMO_DOCS = 400
 WORDS = ("the cat dog sat ran on under a mat log sun hill and then slept quickly happily "
          "red small big old").split()
 
@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-every", type=int, default=20)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads: one is fastest for a model this small (more "
+                             "spin and wait on a shared machine, 10x slower measured)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     data = args.data
     if data is None:
