@@ -108,6 +108,8 @@ class BatchMaker:
         self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
                          and callable(getattr(cfg.dataset, "getitem_into", None)))
         self.stateful = has_state(cfg.dataset)
+        from .collate import RaggedCollate  # here: collate -> ragged imports this module
+        self.ragged = isinstance(cfg.collate_fn, RaggedCollate)
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -240,10 +242,11 @@ class BatchMaker:
             every = self.cfg.snapshot_every
             snapshot = self.snapshot() if every and self.batches % every == 0 else None
             self.position = StreamPosition(items=self.items, snapshot=snapshot)
+            if self.cfg.collate_fn is not None and self.cfg.auto_collation:
+                return self._write_collated(task_id, samples, None, ref)
             if self.cfg.collate_fn is not None:
-                batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
-                    self.cfg.collate_fn(samples[0])
-                return self._write_tree(task_id, batch, ref, convert=False)
+                return self._write_tree(task_id, self.cfg.collate_fn(samples[0]), ref,
+                                        convert=False)
             if not self.cfg.auto_collation:
                 return self._write_tree(task_id, samples[0], ref, convert=True)
             return self._collate(task_id, samples, ref, fetch=None)
@@ -261,9 +264,18 @@ class BatchMaker:
                 return self._write_tree(task_id, self.cfg.collate_fn(sample), ref, convert=False)
             return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            batch = self.cfg.collate_fn([self._fetch(i) for i in payload])
-            return self._write_tree(task_id, batch, ref, convert=False)
+            return self._write_collated(task_id, [self._fetch(i) for i in payload], payload, ref)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
+
+    def _write_collated(self, task_id: int, samples: list, indices: Any,
+                        ref: SlotRef) -> BatchLayout:
+        """A custom collate_fn's batch, copied into the slot; the ragged helpers of
+        `pooled_loader.collate` write theirs there directly (`pooled_loader.ragged`)."""
+        if self.ragged:
+            return self.cfg.collate_fn.pooled_layout(
+                samples, indices, ref, self.arenas.slot,
+                lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+        return self._write_tree(task_id, self.cfg.collate_fn(samples), ref, convert=False)
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
