@@ -10,8 +10,9 @@ members as metadata); ``read_shard_classes`` reads it, and ``ImageFolder.check_c
 raises if the labels differ. The key is the file's path relative to the root without its
 extension (dots replaced by ``_``, since ``webdataset`` splits keys at the first dot). Samples are
 written in a seeded random order so that a shard mixes classes; each shard is written to
-``NAME.partial`` and renamed when complete. CLI:
-``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``.
+``NAME.partial`` and renamed when complete, then indexed (``NAME.idx.json``, see
+pooled_loader.shard_index). CLI: ``python -m pooled_loader shards write SRC OUT_PATTERN
+--per-shard N``; ``shards index PATTERN`` indexes existing shards.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Optional, Sequence
 
 from .errors import ClassMismatchError
 from .file_index import list_image_folder
+from .shard_index import write_index
 
 __all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
 
@@ -100,6 +102,7 @@ def write_shards(
                         _add(tf, f"{key}.{'jpg' if ext == 'jpeg' else ext}", data)
                         bar.update(1)
                 os.replace(partial, path)
+                write_index(path)
             except BaseException:
                 if os.path.exists(partial):
                     os.unlink(partial)
@@ -155,7 +158,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="leave hidden folders and files (.ipynb_checkpoints, ._*) out; as "
                         "ImageFolder(include_hidden=False). Default: torchvision's listing")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
+    ix = sub.add_parser("index", help="write the sample index (NAME.idx.json) of local shards")
+    ix.add_argument("pattern", help="shards: a brace pattern (d-{000..099}.tar), a folder or "
+                                    "a path")
     args = parser.parse_args(argv)
+    if args.command == "index":
+        from .webdataset import expand_shards
+        for path in expand_shards(args.pattern):
+            if "://" in path or path.startswith("pipe:"):
+                raise ValueError(f"{path}: shards index works on local shards; index them "
+                                 "before uploading")
+            print(write_index(path))
+        return 0
     try:
         paths = write_shards(args.src, args.out_pattern, args.per_shard,
                              progress=not args.quiet, seed=args.seed,
