@@ -44,6 +44,7 @@ import os
 import re
 import secrets
 import threading
+import time
 import urllib.parse
 import warnings
 from collections import Counter
@@ -55,7 +56,7 @@ from .errors import SampleError
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
-COPY_CHUNK = 1 << 20
+COPY_CHUNK = 1 << 18  # written as it arrives (an HTTP read blocks until its buffer is full)
 MAX_PREFETCH_THREADS = 4  # concurrent background downloads per process, whatever prefetch_shards
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -85,6 +86,13 @@ def cache_key(url: str) -> str:
     name = os.path.basename(urllib.parse.urlsplit(url).path) or "shard"
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[-80:].lstrip(".") or "shard"
     return f"{hashlib.sha1(url.encode()).hexdigest()[:16]}-{safe}"
+
+
+def _touch(path: str) -> None:
+    """Set ``path``'s mtime, the LRU clock, to now (explicitly: the kernel's own "now" for
+    utime is only as fine as its timer tick, so two opens a millisecond apart could tie)."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
 
 
 @contextlib.contextmanager
@@ -203,7 +211,7 @@ class ShardCache:
                 os.close(fd)
                 self._drop(path, f"{st.st_size} bytes, the shard index says {size}")
                 return None
-            os.utime(path)  # the LRU clock
+            _touch(path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -253,7 +261,7 @@ class ShardCache:
                 os.rename(part, path)
                 part = ""
                 fcntl.flock(part_fd, fcntl.LOCK_SH)  # pinned before anyone may evict it
-                os.utime(path)
+                _touch(path)
             shard, part_fd = CachedShard(url, path, part_fd), -1
             self.stats["bytes"] += total
             return shard

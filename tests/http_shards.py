@@ -59,11 +59,11 @@ class _Handler(BaseHTTPRequestHandler):
             f.seek(start)
             sent = 0
             while sent < limit:
-                chunk = f.read(min(1 << 16, limit - sent))
-                self.wfile.write(chunk)
-                sent += len(chunk)
+                chunk = f.read(min(1 << 14 if srv.rate else 1 << 16, limit - sent))
                 if srv.rate:
                     srv.throttle(len(chunk))
+                self.wfile.write(chunk)
+                sent += len(chunk)
         with srv.lock:
             srv.log.append((name, asked, start, sent))
         if sent < stop - start:
