@@ -102,17 +102,23 @@ def consumed_positions(state: dict) -> range:
     return range(start, start + step * min(state["consumed"], share), step)
 
 
+def fresh_state(ds: "WebDataset") -> dict:
+    """The state of this (rank, worker) before its first sample of ``ds.epoch``."""
+    rank, world = ds._current_rank_world()
+    wid, nworkers = ds._worker()
+    return {"version": STATE_VERSION, "mode": "global", "seed": ds.seed, "epoch": ds.epoch,
+            "samples": ds.samples_per_epoch, "shards": len(ds.urls), "rank": rank,
+            "world_size": world, "worker": wid, "num_workers": nworkers, "consumed": 0,
+            "done": 0, "skipped": ds.skipped}
+
+
 def iterate(ds: "WebDataset", order: GlobalOrder, resume: Optional[dict]
             ) -> Iterator[Any]:
     """The samples of this (rank, worker) for ``ds.epoch``, from ``resume`` when given;
     ``ds._progress`` is kept as the state dict of the last sample yielded."""
-    rank, world = ds._current_rank_world()
-    wid, nworkers = ds._worker()
-    ids = order.share(ds.epoch, rank, world, wid, nworkers)
-    state = {"version": STATE_VERSION, "mode": "global", "seed": ds.seed, "epoch": ds.epoch,
-             "samples": order.total, "shards": len(order.indexes), "rank": rank,
-             "world_size": world, "worker": wid, "num_workers": nworkers, "consumed": 0,
-             "done": 0, "skipped": ds.skipped}
+    state = fresh_state(ds)
+    ids = order.share(ds.epoch, state["rank"], state["world_size"], state["worker"],
+                      state["num_workers"])
     if resume is not None:
         check_fits(resume, state)
         state.update(consumed=int(resume["consumed"]), done=int(resume["done"]))
@@ -189,14 +195,19 @@ def _remote(url: str) -> bool:
     return is_cacheable(url)
 
 
-def check_fits(state: dict, mine: dict) -> None:
-    """Raise ``ValueError`` saying what differs when ``state`` is not this slot's."""
+def check_complete(state: dict) -> None:
+    """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state."""
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
         raise ValueError(f"WebDataset global-shuffle state is incomplete: missing {missing}")
     if state["version"] != STATE_VERSION:
         raise ValueError(f"WebDataset global-shuffle state version {state['version']!r} is not "
                          f"{STATE_VERSION}: written by another version of pooled_loader")
+
+
+def check_fits(state: dict, mine: dict) -> None:
+    """Raise ``ValueError`` saying what differs when ``state`` is not this slot's."""
+    check_complete(state)
     differ = [f"{k}: state {state[k]!r}, dataset {mine[k]!r}" for k in
               ("seed", "epoch", "samples", "shards", "rank", "world_size", "worker",
                "num_workers") if state[k] != mine[k]]

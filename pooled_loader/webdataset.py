@@ -654,9 +654,9 @@ class WebDataset(IterableDataset):
         shard, the byte offset of its next sample, the shuffle buffer's samples as positions and
         the shuffle RNG; see "Checkpoint and resume" in the module docstring."""
         if self.shuffle == "global":  # layout: pooled_loader.global_shuffle's docstring
-            return dict(self._progress) if self._progress is not None else {
-                "version": global_shuffle.STATE_VERSION, "mode": "global", "epoch": self.epoch,
-                "position": None}
+            if self._progress is not None and self._progress["epoch"] == self.epoch:
+                return dict(self._progress)
+            return global_shuffle.fresh_state(self)
         state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
         prog = self._progress
@@ -684,11 +684,12 @@ class WebDataset(IterableDataset):
             raise ValueError(f"WebDataset state must be a dict, got {type(state).__name__}")
         if state.get("mode") == "global" or self.shuffle == "global":
             if state.get("mode") != "global" or self.shuffle != "global":
-                raise ValueError(f"WebDataset state is from shuffle="
-                                 f"{'global' if state.get('mode') == 'global' else 'shards'}, "
-                                 f"this dataset has shuffle={self.shuffle!r}")
+                mode = "global" if state.get("mode") == "global" else "shards"
+                raise ValueError(f"WebDataset state is from shuffle={mode!r}, this dataset has "
+                                 f"shuffle={self.shuffle!r}")
+            global_shuffle.check_complete(state)
             self.epoch = int(state["epoch"])
-            self._resume = state if state.get("position", 0) is not None else None
+            self._resume = state
             return
         required = ("version", "epoch", "quota", "done", "position")
         missing = [k for k in required if k not in state]
