@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""The shard cache, prefetch and global shuffle (pooled_loader.shard_cache, .global_shuffle) in
+the image pipeline, against local disk; every ratio is measured within one run.
+
+    python scripts/bench_shard_cache.py --data DIR [--part cache,prefetch,global,lru]
+                                        [--epochs 5] [--rounds 3] [--rate-mb 50]
+
+DIR as for scripts/bench_wds.py (shard folder, ImageFolder, or where to make one); shards
+without an index get one. Work per sample: decode + RandomResizedCrop 224 + flip (bench_wds's),
+batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
+
+- ``cache``: local disk vs http://127.0.0.1 (``python -m http.server`` in a subprocess) with
+  ``cache_dir``: the epochs after the first read the cache. Epochs alternate (local, http;
+  then http, local; ...); medians of ``--epochs`` after one warm-up epoch each.
+- ``prefetch``: the first epoch (an empty cache; ``samples_per_epoch`` given, so nothing is
+  counted up front) over tests/http_shards.py throttled to ``--rate-mb`` MB/s in a subprocess,
+  ``prefetch_shards=0`` vs ``2``; ``--rounds`` rounds, the order alternating; medians.
+- ``global``: shard order (1000-sample buffer) vs ``shuffle="global"``, from local disk and
+  from http with the cache (warm), epochs alternating; medians.
+- ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
+  requests per epoch, small shards, 2 workers) and simulated (one reader, LRU, the epoch's
+  shuffled shard order) for budgets of 20-80% of the shards.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [REPO, HERE, os.path.join(REPO, "tests")]
+
+from bench_remote import start_server  # noqa: E402
+from bench_wds import Sample, make_augment, resolve_shards, run_epoch  # noqa: E402
+
+from pooled_loader import PooledLoader  # noqa: E402
+from pooled_loader.shard_index import INDEX_SUFFIX, write_index  # noqa: E402
+from pooled_loader.webdataset import WebDataset, count_samples  # noqa: E402
+
+THROTTLED_SERVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from http_shards import ShardServer
+srv = ShardServer({root!r}, rate={rate}).__enter__()
+print(srv.base, flush=True)
+time.sleep(10**6)
+"""
+
+
+def throttled_server(root: str, rate: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", THROTTLED_SERVER.format(
+        tests=os.path.join(REPO, "tests"), root=root, rate=rate)], stdout=subprocess.PIPE,
+        text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def loader(ds, args):
+    return PooledLoader(ds, batch_size=args.batch, num_workers=args.workers,
+                        persistent_workers=True)
+
+
+def alternate(built: dict, total: int, warmup: int, epochs: int) -> dict[str, list[float]]:
+    """images/s per timed epoch of each (loader, dataset); the order reverses every epoch."""
+    rates: dict[str, list[float]] = {name: [] for name in built}
+    names = list(built)
+    for epoch in range(warmup + epochs):
+        for name in (names if epoch % 2 == 0 else names[::-1]):
+            ld, ds = built[name]
+            n, dt, _ = run_epoch(ld, ds, epoch)
+            if n != total:
+                raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
+            if epoch >= warmup:
+                rates[name].append(n / dt)
+    return rates
+
+
+def table(rates: dict[str, list[float]], ref: str, what: str = "images/s") -> None:
+    base = statistics.median(rates[ref])
+    print(f"| variant | median {what} | runs | vs {ref} |")
+    print("| --- | ---: | --- | ---: |")
+    for name, r in rates.items():
+        med = statistics.median(r)
+        print(f"| {name} | {med:.1f} | {', '.join(f'{x:.1f}' for x in r)} | "
+              f"{med / base:.2f}x |")
+
+
+def part_cache(shards, total, augment, args, tmp) -> None:
+    proc, base = start_server(os.path.dirname(shards[0]))
+    try:
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        built = {}
+        for name, u, extra in [("local disk", shards, {}),
+                               ("http + cache", urls, {"cache_dir": os.path.join(tmp, "c1")})]:
+            ds = WebDataset(u, transform=Sample(augment), shuffle_buffer=1000, seed=0, **extra)
+            built[name] = (loader(ds, args), ds)
+        rates = alternate(built, total, 1, args.epochs)
+        for ld, _ in built.values():
+            ld.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"\n## cache: epochs 2..{args.epochs + 1} (the cache is filled while counting, before "
+          "epoch 1)")
+    table(rates, "local disk")
+
+
+def part_prefetch(shards, total, augment, args, tmp) -> None:
+    proc, base = throttled_server(os.path.dirname(shards[0]), args.rate_mb * 1e6)
+    secs: dict[str, list[float]] = {"prefetch_shards=0": [], "prefetch_shards=2": []}
+    try:
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        for r in range(args.rounds):
+            for name in (list(secs) if r % 2 == 0 else list(secs)[::-1]):
+                cache = os.path.join(tmp, f"p-{r}-{name}")
+                ds = WebDataset(urls, transform=Sample(augment), shuffle_buffer=1000, seed=r,
+                                samples_per_epoch=total, cache_dir=cache,
+                                prefetch_shards=int(name[-1]))
+                ld = PooledLoader(ds, batch_size=args.batch, num_workers=args.workers)
+                n, dt, _ = run_epoch(ld, ds, 0)
+                ld.close()
+                assert n == total, n
+                secs[name].append(n / dt)
+                shutil.rmtree(cache)
+    finally:
+        proc.kill()
+        proc.wait()
+    mb = sum(os.path.getsize(s) for s in shards) / 1e6
+    print(f"\n## prefetch: first epoch, empty cache, server throttled to {args.rate_mb} MB/s "
+          f"({mb:.0f} MB of shards: {mb / args.rate_mb:.1f} s of transfer at full rate), "
+          f"{args.rounds} rounds")
+    table(secs, "prefetch_shards=0")
+
+
+def part_global(shards, total, augment, args, tmp) -> None:
+    proc, base = start_server(os.path.dirname(shards[0]))
+    try:
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        built = {}
+        cache = os.path.join(tmp, "g")
+        for name, u, kw in [
+                ("local, shard order + buffer", shards, {"shuffle_buffer": 1000}),
+                ("local, global", shards, {"shuffle": "global"}),
+                ("http + cache, shard order + buffer", urls,
+                 {"shuffle_buffer": 1000, "cache_dir": cache}),
+                ("http + cache, global", urls, {"shuffle": "global", "cache_dir": cache})]:
+            ds = WebDataset(u, transform=Sample(augment), seed=0, **kw)
+            built[name] = (loader(ds, args), ds)
+        rates = alternate(built, total, 1, args.epochs)
+        for ld, _ in built.values():
+            ld.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"\n## global shuffle vs shard order, epochs 2..{args.epochs + 1}")
+    table(rates, "local, shard order + buffer")
+
+
+def simulate_lru(nshards: int, capacity: int, epochs: int, seed: int = 0) -> list[float]:
+    """Hit rate per epoch of one reader reading all shards in a new random order each epoch
+    through an LRU cache of ``capacity`` shards."""
+    cache: collections.OrderedDict = collections.OrderedDict()
+    out = []
+    for e in range(epochs):
+        order = list(range(nshards))
+        random.Random(seed + e).shuffle(order)
+        hits = 0
+        for s in order:
+            if s in cache:
+                hits += 1
+                cache.move_to_end(s)
+            else:
+                cache[s] = True
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+        out.append(hits / nshards)
+    return out
+
+
+def part_lru(args, tmp) -> None:
+    from http_shards import ShardServer
+    from test_webdataset import make_shards, sample_id
+    root = os.path.join(tmp, "small")
+    nshards, epochs = 40, 6
+    paths = make_shards(root, [25] * nshards)
+    size = os.path.getsize(paths[0])
+    print(f"\n## LRU hit rate with a budget below the dataset ({nshards} shards, epochs 2.."
+          f"{epochs}; measured: {args.workers} workers, server requests; simulated: one reader, "
+          "mean of 20 seeds)")
+    print("| budget (share of the shards) | measured hit rate per epoch | measured mean "
+          "| simulated mean | same order every epoch (simulated) |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for frac in (0.2, 0.4, 0.6, 0.8):
+        with ShardServer(root) as srv:
+            urls = [srv.url(os.path.basename(p)) for p in paths]
+            ds = WebDataset(urls, transform=sample_id, cache_dir=os.path.join(tmp, f"l{frac}"),
+                            cache_limit=int(frac * nshards * size), samples_per_epoch=25 * nshards)
+            hits = []
+            for e in range(epochs):
+                srv.clear()
+                ds.set_epoch(e)
+                ids = [i for b in PooledLoader(ds, batch_size=25, num_workers=args.workers)
+                       for i in b.tolist()]
+                assert sorted(ids) == list(range(25 * nshards))
+                srv.settle()
+                if e:
+                    hits.append(1 - sum(srv.requests.values()) / nshards)
+        cap = int(frac * nshards)
+        sim = statistics.mean(statistics.mean(simulate_lru(nshards, cap, epochs, s)[1:])
+                              for s in range(20))
+        same = _same_order_hits(nshards, cap, epochs)
+        print(f"| {frac:.0%} | {', '.join(f'{h:.2f}' for h in hits)} | "
+              f"{statistics.mean(hits):.2f} | {sim:.2f} | {same:.2f} |")
+
+
+def _same_order_hits(nshards: int, capacity: int, epochs: int) -> float:
+    cache: collections.OrderedDict = collections.OrderedDict()
+    hits = reads = 0
+    for e in range(epochs):
+        for s in range(nshards):
+            if e:
+                reads += 1
+            if s in cache:
+                hits += e > 0
+                cache.move_to_end(s)
+            else:
+                cache[s] = True
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+    return hits / reads
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--part", default="cache,prefetch,global,lru")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rate-mb", type=float, default=50.0)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--per-shard", type=int, default=250)
+    p.add_argument("--make", type=int, default=2000)
+    args = p.parse_args(argv)
+    parts = args.part.split(",")
+
+    shards = resolve_shards(args.data, args.per_shard, args.make)
+    for s in shards:
+        if not os.path.exists(s + INDEX_SUFFIX):
+            write_index(s)
+    total = sum(count_samples(s) for s in shards)
+    augment = make_augment()
+    mb = sum(os.path.getsize(s) for s in shards) / 1e6
+    print(f"# {total} JPEGs in {len(shards)} shards ({mb:.0f} MB), {augment.name}, "
+          f"RandomResizedCrop 224 + flip, batch {args.batch}, {args.workers} workers; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
+    tmp = tempfile.mkdtemp(prefix="bench_shard_cache-")
+    try:
+        t0 = time.monotonic()
+        for name in parts:
+            if name == "lru":
+                part_lru(args, tmp)
+            else:
+                {"cache": part_cache, "prefetch": part_prefetch, "global": part_global}[name](
+                    shards, total, augment, args, tmp)
+        print(f"\n# {time.monotonic() - t0:.0f} s; load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
