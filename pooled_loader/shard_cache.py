@@ -91,6 +91,11 @@ def cache_key(url: str) -> str:
     return f"{hashlib.sha1(url.encode()).hexdigest()[:16]}-{safe}"
 
 
+def is_cacheable(url: str) -> bool:
+    """Whether ``url`` is remote (worth caching): not a local path or ``file://``."""
+    return ("://" in url and not url.startswith("file://")) or url.startswith("pipe:")
+
+
 def _touch(path: str) -> None:
     """Set ``path``'s mtime, the LRU clock, to now (explicitly: the kernel's own "now" for
     utime is only as fine as its timer tick, so two opens a millisecond apart could tie)."""
@@ -374,7 +379,7 @@ class Prefetcher:
         self._lock = threading.Lock()
 
     def ahead(self, urls: list[str]) -> None:
-        wanted = [u for u in dict.fromkeys(urls) if "://" in u][:self.depth]
+        wanted = [u for u in dict.fromkeys(urls) if is_cacheable(u)][:self.depth]
         with self._lock:
             for url in list(self._jobs):
                 if url not in wanted:
@@ -401,8 +406,4 @@ class Prefetcher:
             self._jobs.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-def is_cacheable(url: str) -> bool:
-    """Whether ``url`` is remote (worth caching): not a local path or ``file://``."""
-    return "://" in url and not url.startswith("file://") or url.startswith("pipe:")
 

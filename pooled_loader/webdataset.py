@@ -326,6 +326,9 @@ class WebDataset(IterableDataset):
             budget). Least-recently-used shards that no reader has open are evicted.
         prefetch_shards: download the next N shards of each worker's order in the background
             while it reads one (needs ``cache_dir``: they are kept there).
+        index: read every shard's index (``X.tar.idx.json``; always with ``shuffle="global"``):
+            the counts come from it (no shard is read to count them) and the cache checks each
+            download's size and SHA-256 against it.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: no DistributedSampler needed
@@ -345,6 +348,7 @@ class WebDataset(IterableDataset):
         cache_dir: Optional[Union[str, os.PathLike]] = None,
         cache_limit: Union[int, str, None] = None,
         prefetch_shards: int = 0,
+        index: bool = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -379,14 +383,19 @@ class WebDataset(IterableDataset):
             cache_dir, cache_limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self.shard_sizes: Optional[list[int]] = None
         self.indexes = None
-        if shuffle == "global":
-            if samples_per_epoch is not None or self.shuffle_buffer:
-                raise ValueError("shuffle='global' draws its own order of all indexed samples: "
-                                 "leave samples_per_epoch and shuffle_buffer unset")
+        if shuffle == "global" and (samples_per_epoch is not None or self.shuffle_buffer):
+            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
+                             "leave samples_per_epoch and shuffle_buffer unset")
+        if index or shuffle == "global":
+            if samples_per_epoch is not None:
+                raise ValueError("index=True counts the samples from the indexes: leave "
+                                 "samples_per_epoch unset")
             self.indexes = [load_index(u, retries=self.retries, backoff_s=self.retry_backoff_s)
                             for u in self.urls]
             self.shard_sizes = [len(ix) for ix in self.indexes]
             samples_per_epoch = sum(self.shard_sizes)
+        self._index_of = dict(zip(self.urls, self.indexes or ()))
+        if shuffle == "global":
             self._cache_global = global_shuffle.use_cache(self.cache, self.indexes)
         if samples_per_epoch is None:
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
@@ -440,8 +449,11 @@ class WebDataset(IterableDataset):
         return log
 
     def _count_shard(self, url: str) -> int:
-        with self._source(url) as src:
-            count, error = _count(src, retries=self.retries, backoff_s=self.retry_backoff_s)
+        try:
+            with self._source(url) as src:
+                count, error = _count(src, retries=self.retries, backoff_s=self.retry_backoff_s)
+        except Exception as exc:  # noqa: BLE001 - the cache's download failed: reported below
+            count, error = 0, _reason(exc)
         if error:
             self._fail(url, error)
         return count
@@ -479,7 +491,10 @@ class WebDataset(IterableDataset):
     def _source(self, url: str) -> Any:
         """A context manager giving where to read ``url`` from: its cached copy (pinned while
         inside), else ``url``."""
-        return self.cache.reading(url) if self.cache is not None else nullcontext(url)
+        if self.cache is None:
+            return nullcontext(url)
+        ix = self._index_of.get(url)
+        return self.cache.reading(url, size=ix and ix.shard_bytes, sha256=ix and ix.sha256)
 
     def _read_shard(self, url: str, offset: Optional[int], index: int, ahead: Sequence[str] = ()
                     ) -> Iterator[tuple[Sample, Any, Any]]:

@@ -67,29 +67,40 @@ def loader(ds, args):
                         persistent_workers=True)
 
 
-def alternate(built: dict, total: int, warmup: int, epochs: int) -> dict[str, list[float]]:
-    """images/s per timed epoch of each (loader, dataset); the order reverses every epoch."""
+def alternate(built: dict, total: int, warmup: int, epochs: int
+              ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """images/s and images per CPU-second (main process and its descendants, the server
+    included when it is a child) per timed epoch of each (loader, dataset); the order reverses
+    every epoch."""
     rates: dict[str, list[float]] = {name: [] for name in built}
+    per_cpu: dict[str, list[float]] = {name: [] for name in built}
     names = list(built)
     for epoch in range(warmup + epochs):
         for name in (names if epoch % 2 == 0 else names[::-1]):
             ld, ds = built[name]
-            n, dt, _ = run_epoch(ld, ds, epoch)
+            n, dt, cpu = run_epoch(ld, ds, epoch)
             if n != total:
                 raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
             if epoch >= warmup:
                 rates[name].append(n / dt)
-    return rates
+                if cpu:
+                    per_cpu[name].append(n / cpu)
+    return rates, per_cpu
 
 
-def table(rates: dict[str, list[float]], ref: str, what: str = "images/s") -> None:
+def table(rates: dict[str, list[float]], ref: str, per_cpu: dict | None = None) -> None:
     base = statistics.median(rates[ref])
-    print(f"| variant | median {what} | runs | vs {ref} |")
-    print("| --- | ---: | --- | ---: |")
+    cpu_base = statistics.median(per_cpu[ref]) if per_cpu and per_cpu[ref] else None
+    print(f"| variant | median images/s | epochs (images/s) | vs {ref} |"
+          + (" median images per CPU-second | vs ref |" if cpu_base else ""))
+    print("| --- | ---: | --- | ---: |" + (" ---: | ---: |" if cpu_base else ""))
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"| {name} | {med:.1f} | {', '.join(f'{x:.1f}' for x in r)} | "
-              f"{med / base:.2f}x |")
+        row = f"| {name} | {med:.1f} | {', '.join(f'{x:.0f}' for x in r)} | {med / base:.2f}x |"
+        if cpu_base:
+            pc = statistics.median(per_cpu[name])
+            row += f" {pc:.0f} | {pc / cpu_base:.2f}x |"
+        print(row)
 
 
 def part_cache(shards, total, augment, args, tmp) -> None:
@@ -101,7 +112,7 @@ def part_cache(shards, total, augment, args, tmp) -> None:
                                ("http + cache", urls, {"cache_dir": os.path.join(tmp, "c1")})]:
             ds = WebDataset(u, transform=Sample(augment), shuffle_buffer=1000, seed=0, **extra)
             built[name] = (loader(ds, args), ds)
-        rates = alternate(built, total, 1, args.epochs)
+        rates, per_cpu = alternate(built, total, 1, args.epochs)
         for ld, _ in built.values():
             ld.close()
     finally:
@@ -109,12 +120,13 @@ def part_cache(shards, total, augment, args, tmp) -> None:
         proc.wait()
     print(f"\n## cache: epochs 2..{args.epochs + 1} (the cache is filled while counting, before "
           "epoch 1)")
-    table(rates, "local disk")
+    table(rates, "local disk", per_cpu)
 
 
 def part_prefetch(shards, total, augment, args, tmp) -> None:
     proc, base = throttled_server(os.path.dirname(shards[0]), args.rate_mb * 1e6)
     secs: dict[str, list[float]] = {"prefetch_shards=0": [], "prefetch_shards=2": []}
+    per_cpu: dict[str, list[float]] = {name: [] for name in secs}
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
         for r in range(args.rounds):
@@ -124,10 +136,12 @@ def part_prefetch(shards, total, augment, args, tmp) -> None:
                                 samples_per_epoch=total, cache_dir=cache,
                                 prefetch_shards=int(name[-1]))
                 ld = PooledLoader(ds, batch_size=args.batch, num_workers=args.workers)
-                n, dt, _ = run_epoch(ld, ds, 0)
+                n, dt, cpu = run_epoch(ld, ds, 0)
                 ld.close()
                 assert n == total, n
                 secs[name].append(n / dt)
+                if cpu:
+                    per_cpu[name].append(n / cpu)
                 shutil.rmtree(cache)
     finally:
         proc.kill()
@@ -136,7 +150,7 @@ def part_prefetch(shards, total, augment, args, tmp) -> None:
     print(f"\n## prefetch: first epoch, empty cache, server throttled to {args.rate_mb} MB/s "
           f"({mb:.0f} MB of shards: {mb / args.rate_mb:.1f} s of transfer at full rate), "
           f"{args.rounds} rounds")
-    table(secs, "prefetch_shards=0")
+    table(secs, "prefetch_shards=0", per_cpu)
 
 
 def part_global(shards, total, augment, args, tmp) -> None:
@@ -153,14 +167,14 @@ def part_global(shards, total, augment, args, tmp) -> None:
                 ("http + cache, global", urls, {"shuffle": "global", "cache_dir": cache})]:
             ds = WebDataset(u, transform=Sample(augment), seed=0, **kw)
             built[name] = (loader(ds, args), ds)
-        rates = alternate(built, total, 1, args.epochs)
+        rates, per_cpu = alternate(built, total, 1, args.epochs)
         for ld, _ in built.values():
             ld.close()
     finally:
         proc.kill()
         proc.wait()
     print(f"\n## global shuffle vs shard order, epochs 2..{args.epochs + 1}")
-    table(rates, "local, shard order + buffer")
+    table(rates, "local, shard order + buffer", per_cpu)
 
 
 def simulate_lru(nshards: int, capacity: int, epochs: int, seed: int = 0) -> list[float]:

@@ -231,3 +231,40 @@ def test_kill_9_during_a_download_leaves_no_usable_partial_shard(tmp_path):
         (sample,) = list(ds)
         assert sample["bin"] == payload
         assert fresh.usage() == os.path.getsize(path)
+
+
+def test_with_an_index_nothing_is_read_to_count_and_downloads_are_checked(shard_root,
+                                                                         tmp_path):
+    from pooled_loader.shard_index import write_index
+    for n in names(3):
+        write_index(os.path.join(shard_root, n))
+    with ShardServer(shard_root) as srv:
+        urls = [srv.url(n) for n in names(3)]
+        ds = WebDataset(urls, transform=sample_id, index=True, cache_dir=str(tmp_path / "c"),
+                        prefetch_shards=1)
+        srv.settle()
+        assert ds.shard_sizes == SIZES[:3] and not [n for n in srv.requests if
+                                                    n.endswith(".tar")]
+        assert sorted(flat(run_epoch(ds, 0))) == list(range(60))
+        srv.settle()
+        assert {n: srv.requests[n] for n in names(3)} == {n: 1 for n in names(3)}
+        # The server's copy changes (same size) after the index was made: refused.
+        path = os.path.join(shard_root, names(4)[3])
+        write_index(path)
+        with open(path, "r+b") as f:
+            f.seek(600)
+            f.write(b"X")
+        bad = WebDataset([srv.url(names(4)[3])], index=True, cache_dir=str(tmp_path / "c"))
+        with pytest.raises(SampleError, match="SHA-256 .* does not match its shard index"):
+            list(bad)
+
+
+def test_a_missing_remote_shard_is_a_counted_skip_with_the_cache(shard_root, tmp_path):
+    with ShardServer(shard_root) as srv:
+        urls = [srv.url(n) for n in names(2)] + [srv.url("nope.tar")]
+        with pytest.warns(RuntimeWarning, match="nope.tar"):
+            ds = WebDataset(urls, transform=sample_id, on_error="skip",
+                            cache_dir=str(tmp_path / "c"))
+        assert ds.shard_sizes == [20, 20, 0] and ds.skipped == 1
+        with pytest.raises(SampleError, match="nope.tar.*HTTP 404"):
+            WebDataset(urls, cache_dir=str(tmp_path / "c"))
