@@ -314,4 +314,5 @@ def open_shard(url: str, offset: int = 0, *, retries: int = RETRIES,
     naming the URL when it cannot be read."""
     raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s,
                           end=end)
-    return io.BufferedReader(raw, BUFFER_BYTES)
+    size = BUFFER_BYTES if end is None else max(1, min(BUFFER_BYTES, end - offset))
+    return io.BufferedReader(raw, size)

@@ -370,7 +370,8 @@ class WebDataset(IterableDataset):
         self.retries = int(retries)
         self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
-        self._progress: Optional[_Progress] = None  # the running iteration, for state_dict()
+        # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
+        self._progress: Optional[Union[_Progress, dict]] = None
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
         self.skipped = 0
         self._skip_log: list[tuple[str, str]] = []

@@ -126,7 +126,6 @@ def part_cache(shards, total, augment, args, tmp) -> None:
 def part_prefetch(shards, total, augment, args, tmp) -> None:
     proc, base = throttled_server(os.path.dirname(shards[0]), args.rate_mb * 1e6)
     secs: dict[str, list[float]] = {"prefetch_shards=0": [], "prefetch_shards=2": []}
-    per_cpu: dict[str, list[float]] = {name: [] for name in secs}
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
         for r in range(args.rounds):
@@ -136,12 +135,10 @@ def part_prefetch(shards, total, augment, args, tmp) -> None:
                                 samples_per_epoch=total, cache_dir=cache,
                                 prefetch_shards=int(name[-1]))
                 ld = PooledLoader(ds, batch_size=args.batch, num_workers=args.workers)
-                n, dt, cpu = run_epoch(ld, ds, 0)
+                n, dt, _ = run_epoch(ld, ds, 0)  # (CPU time: its workers are gone by then)
                 ld.close()
                 assert n == total, n
                 secs[name].append(n / dt)
-                if cpu:
-                    per_cpu[name].append(n / cpu)
                 shutil.rmtree(cache)
     finally:
         proc.kill()
@@ -150,7 +147,7 @@ def part_prefetch(shards, total, augment, args, tmp) -> None:
     print(f"\n## prefetch: first epoch, empty cache, server throttled to {args.rate_mb} MB/s "
           f"({mb:.0f} MB of shards: {mb / args.rate_mb:.1f} s of transfer at full rate), "
           f"{args.rounds} rounds")
-    table(secs, "prefetch_shards=0", per_cpu)
+    table(secs, "prefetch_shards=0")
 
 
 def part_global(shards, total, augment, args, tmp) -> None:
