@@ -14,7 +14,12 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
   then http, local; ...); medians of ``--epochs`` after one warm-up epoch each.
 - ``prefetch``: the first epoch (an empty cache; ``samples_per_epoch`` given, so nothing is
   counted up front) over tests/http_shards.py throttled to ``--rate-mb`` MB/s in a subprocess,
-  ``prefetch_shards=0`` vs ``2``; ``--rounds`` rounds, the order alternating; medians.
+  ``prefetch_shards=0`` vs ``2``, and local disk for reference; ``--rounds`` rounds, the order alternating; medians. A
+  100-sample shuffle buffer: a buffer is filled before the first sample is transformed, and
+  one of 1000 would be each worker's whole share of 2,000 samples (no work to overlap with).
+  ``--sleep-ms MS`` replaces the decode by a sleep (wall time without CPU): on a machine whose
+  cores the decode saturates, a worker stalled on a download hands its CPU to the others, which
+  hides most of what prefetch saves.
 - ``global``: shard order (1000-sample buffer) vs ``shuffle="global"``, from local disk and
   from http with the cache (warm), epochs alternating; medians.
 - ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
@@ -33,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -123,31 +130,52 @@ def part_cache(shards, total, augment, args, tmp) -> None:
     table(rates, "local disk", per_cpu)
 
 
+class SleepSample:
+    """Per-sample work that takes wall time but no CPU (as a GPU-bound step would): sleep, then
+    a blank uint8 [3, 224, 224] image, so the loader's own pipeline is unchanged."""
+
+    def __init__(self, ms: float) -> None:
+        self.s = ms / 1000
+        self.name = f"sleep {ms} ms per sample"
+
+    def __call__(self, sample: dict):
+        time.sleep(self.s)
+        return np.zeros((3, 224, 224), np.uint8), int(sample["cls"])
+
+
+PREFETCH_BUFFER = 100  # a 1000-sample buffer is a worker's whole share of 2,000: read up front
+
+
 def part_prefetch(shards, total, augment, args, tmp) -> None:
+    work = Sample(augment) if args.sleep_ms is None else SleepSample(args.sleep_ms)
     proc, base = throttled_server(os.path.dirname(shards[0]), args.rate_mb * 1e6)
-    secs: dict[str, list[float]] = {"prefetch_shards=0": [], "prefetch_shards=2": []}
+    variants = {"http, prefetch_shards=0": 0, "http, prefetch_shards=2": 2, "local disk": None}
+    secs: dict[str, list[float]] = {name: [] for name in variants}
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
         for r in range(args.rounds):
             for name in (list(secs) if r % 2 == 0 else list(secs)[::-1]):
-                cache = os.path.join(tmp, f"p-{r}-{name}")
-                ds = WebDataset(urls, transform=Sample(augment), shuffle_buffer=1000, seed=r,
-                                samples_per_epoch=total, cache_dir=cache,
-                                prefetch_shards=int(name[-1]))
+                cache = os.path.join(tmp, f"p-{r}-{variants[name]}")
+                remote = {} if variants[name] is None else {
+                    "cache_dir": cache, "prefetch_shards": variants[name]}
+                ds = WebDataset(shards if variants[name] is None else urls, transform=work,
+                                shuffle_buffer=PREFETCH_BUFFER, seed=r, samples_per_epoch=total,
+                                **remote)
                 ld = PooledLoader(ds, batch_size=args.batch, num_workers=args.workers)
                 n, dt, _ = run_epoch(ld, ds, 0)  # (CPU time: its workers are gone by then)
                 ld.close()
                 assert n == total, n
                 secs[name].append(n / dt)
-                shutil.rmtree(cache)
+                shutil.rmtree(cache, ignore_errors=True)
     finally:
         proc.kill()
         proc.wait()
     mb = sum(os.path.getsize(s) for s in shards) / 1e6
     print(f"\n## prefetch: first epoch, empty cache, server throttled to {args.rate_mb} MB/s "
           f"({mb:.0f} MB of shards: {mb / args.rate_mb:.1f} s of transfer at full rate), "
-          f"{args.rounds} rounds")
-    table(secs, "prefetch_shards=0")
+          f"{args.rounds} rounds, {PREFETCH_BUFFER}-sample shuffle buffer, work: "
+          f"{'decode + crop' if args.sleep_ms is None else work.name}")
+    table(secs, "http, prefetch_shards=0")
 
 
 def part_global(shards, total, augment, args, tmp) -> None:
@@ -255,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rate-mb", type=float, default=50.0)
+    p.add_argument("--sleep-ms", type=float, default=None,
+                   help="prefetch part: per-sample work is a sleep of this long instead of "
+                        "decoding (a consumer this machine's CPUs do not limit)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--per-shard", type=int, default=250)
