@@ -14,12 +14,11 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
   then http, local; ...); medians of ``--epochs`` after one warm-up epoch each.
 - ``prefetch``: the first epoch (an empty cache; ``samples_per_epoch`` given, so nothing is
   counted up front) over tests/http_shards.py throttled to ``--rate-mb`` MB/s in a subprocess,
-  ``prefetch_shards=0`` vs ``2``, and local disk for reference; ``--rounds`` rounds, the order alternating; medians. A
-  100-sample shuffle buffer: a buffer is filled before the first sample is transformed, and
-  one of 1000 would be each worker's whole share of 2,000 samples (no work to overlap with).
-  ``--sleep-ms MS`` replaces the decode by a sleep (wall time without CPU): on a machine whose
-  cores the decode saturates, a worker stalled on a download hands its CPU to the others, which
-  hides most of what prefetch saves.
+  ``prefetch_shards=0`` vs ``2``, and local disk for reference; ``--rounds`` rounds, the order
+  alternating; medians. A 100-sample shuffle buffer: a buffer is filled before the first
+  sample is transformed, and one of 1000 would be each worker's whole share of 2,000 samples,
+  read before any work that a download could overlap. ``--sleep-ms MS`` replaces the decode by
+  a sleep (wall time without CPU, as a GPU-bound step would take).
 - ``global``: shard order (1000-sample buffer) vs ``shuffle="global"``, from local disk and
   from http with the cache (warm), epochs alternating; medians.
 - ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
@@ -46,7 +45,8 @@ REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, HERE, os.path.join(REPO, "tests")]
 
 from bench_remote import start_server  # noqa: E402
-from bench_wds import Sample, make_augment, resolve_shards, run_epoch  # noqa: E402
+from bench_wds import (Sample, make_augment, resolve_shards, run_epoch,  # noqa: E402
+                       time_epochs)
 
 from pooled_loader import PooledLoader  # noqa: E402
 from pooled_loader.shard_index import INDEX_SUFFIX, write_index  # noqa: E402
@@ -74,27 +74,6 @@ def loader(ds, args):
                         persistent_workers=True)
 
 
-def alternate(built: dict, total: int, warmup: int, epochs: int
-              ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """images/s and images per CPU-second (main process and its descendants, the server
-    included when it is a child) per timed epoch of each (loader, dataset); the order reverses
-    every epoch."""
-    rates: dict[str, list[float]] = {name: [] for name in built}
-    per_cpu: dict[str, list[float]] = {name: [] for name in built}
-    names = list(built)
-    for epoch in range(warmup + epochs):
-        for name in (names if epoch % 2 == 0 else names[::-1]):
-            ld, ds = built[name]
-            n, dt, cpu = run_epoch(ld, ds, epoch)
-            if n != total:
-                raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")
-            if epoch >= warmup:
-                rates[name].append(n / dt)
-                if cpu:
-                    per_cpu[name].append(n / cpu)
-    return rates, per_cpu
-
-
 def table(rates: dict[str, list[float]], ref: str, per_cpu: dict | None = None) -> None:
     base = statistics.median(rates[ref])
     cpu_base = statistics.median(per_cpu[ref]) if per_cpu and per_cpu[ref] else None
@@ -110,21 +89,28 @@ def table(rates: dict[str, list[float]], ref: str, per_cpu: dict | None = None) 
         print(row)
 
 
-def part_cache(shards, total, augment, args, tmp) -> None:
+def time_variants(shards, total, augment, args, variants) -> tuple[dict, dict]:
+    """Epochs 2.. of WebDatasets over local disk or ``python -m http.server``: ``variants`` are
+    (name, remote?, WebDataset keywords); persistent loaders, epochs alternating."""
     proc, base = start_server(os.path.dirname(shards[0]))
+    built = {}
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
-        built = {}
-        for name, u, extra in [("local disk", shards, {}),
-                               ("http + cache", urls, {"cache_dir": os.path.join(tmp, "c1")})]:
-            ds = WebDataset(u, transform=Sample(augment), shuffle_buffer=1000, seed=0, **extra)
+        for name, remote, kw in variants:
+            ds = WebDataset(urls if remote else shards, transform=Sample(augment), seed=0, **kw)
             built[name] = (loader(ds, args), ds)
-        rates, per_cpu = alternate(built, total, 1, args.epochs)
+        return time_epochs(built, total, 1, args.epochs, alternate=True)
+    finally:
         for ld, _ in built.values():
             ld.close()
-    finally:
         proc.kill()
         proc.wait()
+
+
+def part_cache(shards, total, augment, args, tmp) -> None:
+    rates, per_cpu = time_variants(shards, total, augment, args, [
+        ("local disk", False, {"shuffle_buffer": 1000}),
+        ("http + cache", True, {"shuffle_buffer": 1000, "cache_dir": os.path.join(tmp, "c1")})])
     print(f"\n## cache: epochs 2..{args.epochs + 1} (the cache is filled while counting, before "
           "epoch 1)")
     table(rates, "local disk", per_cpu)
@@ -179,25 +165,13 @@ def part_prefetch(shards, total, augment, args, tmp) -> None:
 
 
 def part_global(shards, total, augment, args, tmp) -> None:
-    proc, base = start_server(os.path.dirname(shards[0]))
-    try:
-        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
-        built = {}
-        cache = os.path.join(tmp, "g")
-        for name, u, kw in [
-                ("local, shard order + buffer", shards, {"shuffle_buffer": 1000}),
-                ("local, global", shards, {"shuffle": "global"}),
-                ("http + cache, shard order + buffer", urls,
-                 {"shuffle_buffer": 1000, "cache_dir": cache}),
-                ("http + cache, global", urls, {"shuffle": "global", "cache_dir": cache})]:
-            ds = WebDataset(u, transform=Sample(augment), seed=0, **kw)
-            built[name] = (loader(ds, args), ds)
-        rates, per_cpu = alternate(built, total, 1, args.epochs)
-        for ld, _ in built.values():
-            ld.close()
-    finally:
-        proc.kill()
-        proc.wait()
+    cache = os.path.join(tmp, "g")
+    rates, per_cpu = time_variants(shards, total, augment, args, [
+        ("local, shard order + buffer", False, {"shuffle_buffer": 1000}),
+        ("local, global", False, {"shuffle": "global"}),
+        ("http + cache, shard order + buffer", True,
+         {"shuffle_buffer": 1000, "cache_dir": cache}),
+        ("http + cache, global", True, {"shuffle": "global", "cache_dir": cache})])
     print(f"\n## global shuffle vs shard order, epochs 2..{args.epochs + 1}")
     table(rates, "local, shard order + buffer", per_cpu)
 

@@ -86,8 +86,8 @@ class ShardServer:
     """Serves ``root`` on 127.0.0.1. The first ``cuts`` responses to each file (``None``: all)
     stop after ``cut_after`` bytes (``reset``: with a connection reset). ``ranges=False``
     ignores Range headers (answers 200 with the whole file). ``rate``: all responses together
-    send about that many bytes per second (one slow link shared by every connection). ``log``: (file, Range header, start, bytes
-    sent) per response."""
+    send about that many bytes per second (one slow link shared by every connection).
+    ``log``: (file, Range header, start, bytes sent) per response."""
 
     def __init__(self, root: str, *, ranges: bool = True, cut_after: Optional[int] = None,
                  cuts: Optional[int] = None, reset: bool = False,
