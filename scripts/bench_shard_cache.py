@@ -75,17 +75,21 @@ def loader(ds, args):
 
 
 def table(rates: dict[str, list[float]], ref: str, per_cpu: dict | None = None) -> None:
-    base = statistics.median(rates[ref])
-    cpu_base = statistics.median(per_cpu[ref]) if per_cpu and per_cpu[ref] else None
-    print(f"| variant | median images/s | epochs (images/s) | vs {ref} |"
-          + (" median images per CPU-second | vs ref |" if cpu_base else ""))
-    print("| --- | ---: | --- | ---: |" + (" ---: | ---: |" if cpu_base else ""))
+    """Medians, and the median of the per-round ratios to ``ref`` (each epoch or round against
+    the reference's in the same round: robust to the machine's load drifting during a run)."""
+    def paired(r: list[float], base: list[float]) -> float:
+        return statistics.median(x / y for x, y in zip(r, base))
+
+    cpu = bool(per_cpu and all(per_cpu.get(name) for name in rates))
+    print(f"| variant | median images/s | epochs (images/s) | vs {ref} (paired) |"
+          + (" median images per CPU-second | vs ref (paired) |" if cpu else ""))
+    print("| --- | ---: | --- | ---: |" + (" ---: | ---: |" if cpu else ""))
     for name, r in rates.items():
-        med = statistics.median(r)
-        row = f"| {name} | {med:.1f} | {', '.join(f'{x:.0f}' for x in r)} | {med / base:.2f}x |"
-        if cpu_base:
-            pc = statistics.median(per_cpu[name])
-            row += f" {pc:.0f} | {pc / cpu_base:.2f}x |"
+        row = (f"| {name} | {statistics.median(r):.1f} | {', '.join(f'{x:.0f}' for x in r)} | "
+               f"{paired(r, rates[ref]):.2f}x |")
+        if cpu:
+            row += (f" {statistics.median(per_cpu[name]):.0f} | "
+                    f"{paired(per_cpu[name], per_cpu[ref]):.2f}x |")
         print(row)
 
 
