@@ -21,8 +21,10 @@ Layout of the cache folder (everything is plain files; nothing needs cleaning up
 The rules:
 
 - **Budget**: the bytes of complete shards plus the reservations of live downloads never exceed
-  ``cache_limit`` (apparent file sizes). A download whose size is not known up front (``pipe:``)
-  or larger than the budget is not cached: it is streamed from its URL.
+  ``cache_limit`` (apparent file sizes). A download whose size is not known up front (no
+  ``Content-Length``) or larger than the budget is not cached: it is streamed from its URL.
+  ``pipe:`` commands and local files are never cached. The folder must be on a local
+  filesystem (``flock`` between machines on NFS is not to be relied on).
 - **Pinning**: a reader holds a shared ``flock`` on the shard file while it reads it (and checks,
   after locking, that the name still points at that file). Eviction takes an exclusive lock
   without waiting, so a shard that any process is reading is never evicted.
@@ -32,8 +34,8 @@ The rules:
 - **Hit rate below the dataset's size**: with a budget of a fraction ``f`` of the shards, an
   epoch in the *same* order as the last would hit nothing (LRU's cyclic-scan pathology: each
   shard is evicted just before it comes round again). ``WebDataset`` reshuffles the shard order
-  every epoch, which gives about ``0.7 f**2`` hits (11% at f = 40%, 49% at 80%; measured and
-  simulated in BENCHMARKS.md): a shard still cached when the epoch starts is hit only if the
+  every epoch, which gives about ``0.7 f**2`` hits (measured: 9% at f = 40%, 44% at 80%;
+  BENCHMARKS.md): a shard still cached when the epoch starts is hit only if the
   new order reaches it before the misses have pushed it out, and the cache's content at the
   start is only the last epoch's final fraction ``f``.
 """
@@ -92,8 +94,9 @@ def cache_key(url: str) -> str:
 
 
 def is_cacheable(url: str) -> bool:
-    """Whether ``url`` is remote (worth caching): not a local path or ``file://``."""
-    return ("://" in url and not url.startswith("file://")) or url.startswith("pipe:")
+    """Whether ``url`` goes through the cache: remote URLs, not local paths, ``file://`` or
+    ``pipe:`` commands (whose size is never known before they have run)."""
+    return "://" in url and not url.startswith(("file://", "pipe:"))
 
 
 def _touch(path: str) -> None:
@@ -246,7 +249,7 @@ class ShardCache:
                                   f"index says {size}: the index is stale; rebuild it")
             total = size if total is None else total
             if total is None:
-                self._warn_once(url, "its size is not known before reading (pipe: or no "
+                self._warn_once(url, "its size is not known before reading (no "
                                      "Content-Length): streamed, not cached")
                 return None
             if self.limit is not None and total > self.limit:
