@@ -12,6 +12,18 @@ class SampleError(Exception):
     """
 
 
+class ShardFormatError(SampleError):
+    """A tar shard is malformed or truncated; the message names the shard and the byte offset
+    (``detail`` holds the message without the shard's name)."""
+
+    def __init__(self, shard: str, detail: str) -> None:
+        super().__init__(f"{shard}: {detail}")
+        self.shard, self.detail = shard, detail
+
+    def __reduce__(self):  # pickles (a worker's error) with both arguments
+        return type(self), (self.shard, self.detail)
+
+
 class WorkerError(RuntimeError):
     """A worker process died or stopped answering."""
 
@@ -19,6 +31,11 @@ class WorkerError(RuntimeError):
 class PoolAllocationError(MemoryError):
     """The batch pool could not get (or a worker could not map) more shared memory: the message
     names the limit in force (``ulimit -v``, ``ulimit -n``, ...) and what to change."""
+
+
+class StateMismatch(ValueError):
+    """A saved loader state that does not fit this loader (or is corrupt); the message says
+    what (also as ``pooled_loader.resume.StateMismatch``)."""
 
 
 class ClassMismatchError(ValueError):

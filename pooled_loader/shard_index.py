@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
@@ -89,13 +90,21 @@ def build_index(path: str) -> ShardIndex:
 
 
 def write_index(path: str) -> str:
-    """Write ``path``'s index next to it (atomically: a temp name, then rename); its path."""
+    """Write ``path``'s index next to it (a new file of unpredictable name, created exclusively
+    so a planted symlink is never written through, then renamed); its path."""
     index = build_index(path)
     out = index_url(path)
-    tmp = f"{out}.partial"
-    with open(tmp, "w") as f:
-        json.dump(index.to_json(), f, separators=(",", ":"))
-    os.replace(tmp, out)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".partial",
+                               dir=os.path.dirname(out) or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(index.to_json(), f, separators=(",", ":"))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private (0600)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return out
 
 

@@ -1,7 +1,9 @@
 """WebDataset-format tar shards as an ``IterableDataset`` that never hangs DDP.
 
-Tar reading and grouping files into samples by key are done by the ``webdataset`` package
-(``webdataset.tariterators``); this module decides *which* samples each (rank, worker) reads.
+Tar headers are read by ``pooled_loader.tar_reader`` (checked and bounded: a corrupt or
+truncated shard is an error, never a hang or silently lost samples) and files are grouped into
+samples by key as ``webdataset.tariterators`` groups them; this module decides *which* samples
+each (rank, worker) reads.
 
 Epoch policy
 ------------
@@ -84,7 +86,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import tarfile
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -96,11 +97,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
-from . import global_shuffle, remote
+from . import global_shuffle, remote, wds_elastic
 from .distributed import rank_and_world
-from .errors import SampleError
+from .errors import SampleError, ShardFormatError
 from .shard_cache import Prefetcher, ShardCache
 from .shard_index import load_index
+from .tar_reader import Member, TarReader
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
@@ -131,13 +133,15 @@ def expand_shards(urls: Urls) -> list[str]:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
+    if isinstance(exc, ShardFormatError):  # the caller names the shard
+        return exc.detail
     if isinstance(exc, KeyError) and exc.args:
         return f"KeyError: {exc.args[0]!r}"
     first = exc.args[0] if exc.args else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _not_a_sample_file(info: tarfile.TarInfo) -> bool:
+def _not_a_sample_file(info: Member) -> bool:
     """Members ``webdataset.tariterators.tar_file_iterator`` leaves out: not regular files, and
     metadata (``__name__`` at the top level, or matching its ``skip_meta`` pattern)."""
     name = info.name
@@ -163,18 +167,18 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
     try:
         if base and not stream.peek(1):
             return  # resumed at the very end
-        tf = tarfile.open(fileobj=stream, mode="r|*")
-        plain = getattr(tf.fileobj, "comptype", "tar") == "tar"
+        tar = TarReader(stream, url, base=base, sliced=end is not None)
+        plain = tar.plain
         sample: Optional[Sample] = None
         start: Optional[int] = None
-        for info in tf:
+        for info in tar:
             name = info.name
             if _not_a_sample_file(info):
                 continue
             prefix, suffix = base_plus_ext(name)
             if prefix is None:
                 continue
-            here = base + info.offset if plain else None
+            here = info.offset if plain else None
             if sample is None or prefix != sample["__key__"]:
                 if sample is not None:
                     yield sample, start, here
@@ -182,10 +186,9 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
             suffix = suffix.lower()
             if suffix in sample:
                 raise ValueError(f"{name}: duplicate file name in tar file")
-            sample[suffix] = tf.extractfile(info).read()
-            tf.members = []  # stream mode keeps every TarInfo otherwise
+            sample[suffix] = tar.read(info)
         if sample is not None:
-            yield sample, start, (base + tf.offset if plain else None)
+            yield sample, start, (tar.end if plain else None)
     finally:
         stream.close()
 
@@ -195,19 +198,16 @@ def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
     ``webdataset.tariterators.group_by_keys`` does. Returns ``(count, error)``; on a truncated or
     corrupt tar, ``count`` is what ``webdataset`` yields before it fails (the sample in progress
     when the read fails is lost)."""
-    size = os.path.getsize(path)
     count, last = 0, None
     try:
-        with tarfile.open(path, mode="r:") as tf:
-            for info in tf:
-                if info.offset_data + info.size > size:
-                    raise tarfile.ReadError(f"member {info.name!r} runs past the end of the file")
+        with open(path, "rb") as f:
+            for info in TarReader(f, path):  # checks that each member lies inside the file
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
                 if prefix is not None and prefix != last:
                     count, last = count + 1, prefix
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (ShardFormatError, OSError) as exc:
         return max(count - 1, 0), _reason(exc)
     return count, None
 
@@ -217,8 +217,8 @@ def _local_sample_offset(path: str, n: int) -> Optional[int]:
     is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
     count, last = 0, None
     try:
-        with tarfile.open(path, mode="r:") as tf:
-            for info in tf:
+        with open(path, "rb") as f:
+            for info in TarReader(f, path):
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
@@ -226,7 +226,7 @@ def _local_sample_offset(path: str, n: int) -> Optional[int]:
                     if count == n:
                         return info.offset
                     count, last = count + 1, prefix
-    except (tarfile.TarError, OSError, EOFError):
+    except (ShardFormatError, OSError):
         pass
     return None
 
@@ -295,6 +295,59 @@ class _Progress:
     draining: bool = False
     buffer: list = field(default_factory=list)  # samples held by the shuffle buffer
     held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
+    start: tuple = (0, 0)  # (shard, sample) where this worker's piece begins
+
+
+def _check_state_values(state: dict, shuffle_buffer: int) -> None:
+    """Types and ranges of a saved state's values (ValueError naming the key): a negative or
+    oversized count would yield more than this worker's quota (breaking the equal counts that
+    keep DDP from hanging) or skip forever."""
+    def count(key: str, value: Any, most: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' should be a non-negative "
+                             f"integer, got {value!r:.80}")
+        if most is not None and value > most:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' is {value}, more than "
+                             f"{most}")
+        return value
+    count("epoch", state["epoch"])
+    count("skipped", state.get("skipped", 0))
+    quota = count("quota", state["quota"])
+    count("done", state["done"], quota)
+    pos = state["position"]
+    if pos is None:
+        return
+    if not isinstance(pos, dict):
+        raise ValueError("WebDataset state is corrupt: 'position' should be a dict or null")
+    for key in ("shard", "index", "visits", "idle"):
+        count(f"position.{key}", pos[key])
+    if pos["offset"] is not None:  # None: a compressed shard, resumed by skipping samples
+        count("position.offset", pos["offset"])
+    rnd = state["round"]
+    if not isinstance(rnd, dict) or any(k not in rnd for k in ("left", "count", "before",
+                                                                 "mark", "draining")):
+        raise ValueError("WebDataset state is corrupt: 'round' should be a dict with left, "
+                         "count, before, mark and draining")
+    count("round.left", rnd["left"], quota)
+    count("round.before", rnd["before"], state["done"])
+    count("round.count", rnd["count"])
+    count("round.mark", rnd["mark"])
+    buffer = state["buffer"]
+    if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
+        raise ValueError(f"WebDataset state is corrupt: 'buffer' should be a list of at most "
+                         f"{shuffle_buffer} (shard, offset, index) entries")
+    for k, entry in enumerate(buffer):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"WebDataset state is corrupt: 'buffer[{k}]' should be "
+                             f"[shard, offset, index]")
+        for name, value in zip(("shard", "offset", "index"), entry):
+            if value is not None or name != "offset":
+                count(f"buffer[{k}].{name}", value)
+    rng = state["rng"]
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 3
+                                and isinstance(rng[1], list) and len(rng[1]) == 625):
+        raise ValueError("WebDataset state is corrupt: 'rng' should be null or "
+                         "[version, 625 integers, gauss]")
 
 
 class WebDataset(IterableDataset):
@@ -372,6 +425,8 @@ class WebDataset(IterableDataset):
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
         self._progress: Optional[Union[_Progress, dict]] = None
+        self._runs: Optional[dict] = None  # the running iteration of an elastic resume
+        self._order: list[int] = []  # counted mode: the epoch's shards (url indices) in order
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
         self.skipped = 0
         self._skip_log: list[tuple[str, str]] = []
@@ -482,6 +537,7 @@ class WebDataset(IterableDataset):
             return quota, own, 0, 0
         sizes = self.shard_sizes
         order = [i for i in order if sizes[i] > 0]  # empty or unreadable when counted
+        self._order = order
         start = rank * per_rank + per_rank // nworkers * wid + min(wid, per_rank % nworkers)
         first = 0
         while start >= sizes[order[first]]:  # find the shard holding position `start`
@@ -581,24 +637,28 @@ class WebDataset(IterableDataset):
             order = global_shuffle.GlobalOrder(self.indexes, self.seed)
             yield from global_shuffle.iterate(self, order, resume)
             return
-        self._resume = resume
         if self.prefetch_shards:
             self._prefetcher = Prefetcher(self.cache, self.prefetch_shards)
         try:
-            yield from self._iter_shards()
+            if resume is not None and resume.get("mode") in (wds_elastic.MERGED,
+                                                             wds_elastic.RUNS) \
+                    and resume["epoch"] == self.epoch:
+                yield from self._iter_runs(resume)
+            else:
+                yield from self._iter_shards(resume)
         finally:
             if self._prefetcher is not None:
                 self._prefetcher.close()
                 self._prefetcher = None
 
-    def _iter_shards(self) -> Iterator[Any]:
+    def _iter_shards(self, resume: Optional[dict]) -> Iterator[Any]:
+        self._runs = None
         quota, shards, first, skip = self._plan()
         self._last_shard = self._piece_end(shards, first, skip + quota)
-        resume, self._resume = self._resume, None
         rank, _ = self._current_rank_world()
         info = get_worker_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
-        prog = _Progress(quota, _Position(first), rng)
+        prog = _Progress(quota, _Position(first), rng, start=(first, skip))
         if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
             self._check_fits(resume, quota, len(shards))
             skip = 0
@@ -654,6 +714,53 @@ class WebDataset(IterableDataset):
                 prog.done += 1
                 yield out
 
+    def _iter_runs(self, resume: dict) -> Iterator[Any]:
+        """The rest of an epoch resumed from a merged state (this slot's share of it) or from a
+        state taken while reading one: its runs in order, no shuffle buffer (`wds_elastic`)."""
+        rank, world = self._current_rank_world()
+        info = get_worker_info()
+        wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if resume["mode"] == wds_elastic.MERGED:
+            runs, quota = wds_elastic.slot_runs(resume["runs"], rank, world, wid, nworkers)
+            done = 0
+        else:
+            runs, quota, done = resume["rest"], resume["quota"], resume["done"]
+        self._progress = None
+        self._runs = {"runs": runs, "raw": 0, "quota": quota, "done": done}
+        for url_index, first, count in runs:
+            url = self.urls[url_index]
+            offset = 0 if not first else (
+                _local_sample_offset(url, first) if _is_local_tar(url) else None)
+            got = 0
+            try:
+                for sample, _, _ in islice(self._read_shard(url, offset, first), count):
+                    got += 1
+                    self._runs["raw"] += 1
+                    ok, out = self._apply(sample)
+                    if ok:
+                        self._runs["done"] += 1
+                        yield out
+            except Exception as exc:  # noqa: BLE001 - reported with the shard
+                self._fail(url, f"{_reason(exc)} (resumed at sample {first + got})", exc)
+                self._runs["raw"] += count - got
+                continue
+            if got < count:
+                self._fail(url, f"has {first + got} samples, {first + count} were counted")
+                self._runs["raw"] += count - got
+
+    def _rest(self, prog: _Progress) -> Optional[list]:
+        """The runs this worker has not read yet (its piece's rest, its buffer's samples), for
+        an elastic merge; None where they are not exact (explicit mode, skipped samples)."""
+        if self.shard_sizes is None or self.skipped or prog.rounds > 1:
+            return None
+        order = self._order
+        if prog.rounds == 0:
+            rest = wds_elastic.runs_from(order, self.shard_sizes, *prog.start, prog.quota)
+        else:
+            rest = wds_elastic.runs_from(order, self.shard_sizes, prog.pos.shard,
+                                         prog.pos.index, prog.round_left)
+        return rest + [[order[shard], index, 1] for shard, _, index in prog.held]
+
     # -- checkpoint and resume -----------------------------------------------------------------
     def _config(self) -> dict:
         rank, world = self._current_rank_world()
@@ -675,6 +782,11 @@ class WebDataset(IterableDataset):
             return global_shuffle.fresh_state(self)
         state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
+        if self._runs is not None:  # reading the runs of an elastic resume
+            r = self._runs
+            state.update(mode=wds_elastic.RUNS, quota=r["quota"], done=r["done"],
+                         rest=wds_elastic.drop_first(r["runs"], r["raw"]))
+            return state
         prog = self._progress
         if prog is None:
             return state
@@ -689,7 +801,7 @@ class WebDataset(IterableDataset):
                       "visits": pos.visits, "got": pos.got, "idle": pos.idle},
             round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
                    "mark": prog.mark, "draining": prog.draining},
-            buffer=prog.held[:], rng=rng)
+            buffer=prog.held[:], rng=rng, rest=self._rest(prog))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -707,21 +819,46 @@ class WebDataset(IterableDataset):
             self.epoch = int(state["epoch"])
             self._resume = state
             return
-        required = ("version", "epoch", "quota", "done", "position")
+        required = ("version", "epoch") + (
+            ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
         missing = [k for k in required if k not in state]
         if missing:
             raise ValueError(f"WebDataset state is incomplete: missing {missing}")
         if state["version"] != STATE_VERSION:
             raise ValueError(f"WebDataset state version {state['version']!r} is not "
                              f"{STATE_VERSION}: written by another version of pooled_loader")
+        if state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS):
+            self._load_runs_state(state)
+            return
         if state["position"] is not None:
             missing = [k for k in ("round", "buffer", "rng") if k not in state]
             missing += [f"position.{k}" for k in ("shard", "offset", "index", "visits", "got",
                                                   "idle") if k not in state["position"]]
             if missing:
                 raise ValueError(f"WebDataset state is incomplete: missing {missing}")
+        _check_state_values(state, self.shuffle_buffer)
         self.epoch = int(state["epoch"])
         self.skipped = int(state.get("skipped", self.skipped))
+        self._resume = state
+
+    def _load_runs_state(self, state: dict) -> None:
+        """A merged state (`wds_elastic.merge_stream_states`) or one taken while reading one."""
+        mine = self._config()
+        keys = ["seed", "shards", "samples_per_epoch", "shuffle_shards"]
+        if state["mode"] == wds_elastic.RUNS:  # this slot's own runs: the same slot only
+            keys += ["rank", "world_size", "worker", "num_workers"]
+        differ = [f"{k}: state {state.get(k)!r}, dataset {mine[k]!r}" for k in keys
+                  if state.get(k) != mine[k]]
+        if differ:
+            raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
+        key = "runs" if state["mode"] == wds_elastic.MERGED else "rest"
+        wds_elastic.check_runs(state.get(key), len(self.urls), key)
+        if state["mode"] == wds_elastic.RUNS:
+            _check_state_values({**state, "position": None}, self.shuffle_buffer)
+        elif isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) \
+                or state["epoch"] < 0:
+            raise ValueError(f"WebDataset state is corrupt: 'epoch' is {state['epoch']!r:.80}")
+        self.epoch = int(state["epoch"])
         self._resume = state
 
     def _check_fits(self, state: dict, quota: int, nshards: int) -> None:
