@@ -15,6 +15,7 @@ from test_webdataset import fake_worker, flat, make_image_folder, make_shards, r
     sample_id
 
 from pooled_loader import PooledLoader, shards
+from pooled_loader.errors import ShardFormatError
 from pooled_loader.global_shuffle import consumed_positions
 from pooled_loader.shard_index import (INDEX_SUFFIX, MAX_INDEX_BYTES, ShardIndexError,
                                        build_index, load_index, parse_index, write_index)
@@ -46,6 +47,9 @@ def test_the_index_cli_gives_offsets_that_read_exactly_each_sample(tmp_path, cap
             got = [s for s, _, _ in _shard_samples(path, off, end=off + size)]
             assert [int(s["txt"]) for s in got] == [gid]
             gid += 1
+    off, size = ix.offsets[-1], ix.sizes[-1]  # a slice that ends inside the sample: truncated
+    with pytest.raises(ShardFormatError, match="truncated shard"):
+        list(_shard_samples(paths[-1], off, end=off + size - 512))
     proc = subprocess.run([sys.executable, "-m", "pooled_loader", "shards", "index",
                            "http://127.0.0.1:9/x.tar"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
