@@ -435,6 +435,7 @@ class WebDataset(IterableDataset):
         self.shuffle = shuffle
         self.prefetch_shards = int(prefetch_shards)
         self._prefetcher: Optional[Prefetcher] = None
+        self._last_shard = 0  # prefetching stops there: the last shard of this worker's piece
         self.cache = None if cache_dir is None else ShardCache(
             cache_dir, cache_limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self.shard_sizes: Optional[list[int]] = None
