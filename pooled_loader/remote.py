@@ -23,6 +23,11 @@ are local files; any other ``scheme://`` (``s3://``, ``gs://``, ``memory://``...
 fsspec, installed with the ``integrations`` extra (plus the filesystem's own package, e.g.
 ``s3fs``).
 
+``open_shard(url, offset, end=E)`` stops at byte ``E`` (exclusive): an HTTP request then asks for
+``Range: bytes=offset-(E-1)`` only, so one sample of a shard (pooled_loader.shard_index gives
+its offsets) costs one short response. ``stream.raw.size`` is the URL's total size once known
+(from the file, ``Content-Length`` or ``Content-Range``; ``None`` for ``pipe:``).
+
 ``IO_STATS`` counts, per process, the opens and bytes read of every URL (tests use it to show that
 a resumed dataset does not read consumed shards again).
 """
@@ -80,14 +85,15 @@ class _Opened:
             pass
 
 
-def _open_local(path: str, offset: int, timeout: float) -> _Opened:
+def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
     f = open(path, "rb")  # noqa: SIM115 - closed by the stream
     f.seek(offset)
     return _Opened(f, os.fstat(f.fileno()).st_size)
 
 
-def _open_http(url: str, offset: int, timeout: float) -> _Opened:
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
+def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
+    last = "" if end is None else str(end - 1)
+    headers = {"Range": f"bytes={offset}-{last}"} if offset or end is not None else {}
     try:
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                       timeout=timeout)
@@ -109,13 +115,15 @@ def _open_http(url: str, offset: int, timeout: float) -> _Opened:
         if start != offset:
             resp.close()
             raise RemoteReadError(f"{url}: asked for byte {offset}, server sent {content_range}")
-        size = int(total) if total != "*" else (offset + int(length) if length else None)
+        size = int(total) if total != "*" else None
+        if size is None and length and end is None:
+            size = offset + int(length)
         return _Opened(resp, size)
     # 200: the server ignored Range; read from the start and discard what was delivered.
     return _Opened(resp, int(length) if length else None, skip=offset)
 
 
-def _open_pipe(url: str, offset: int, timeout: float) -> _Opened:
+def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
     proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE)
     assert proc.stdout is not None
 
@@ -144,7 +152,7 @@ class _PipeReader:
         self.proc.stdout.close()
 
 
-def _open_fsspec(url: str, offset: int, timeout: float) -> _Opened:
+def _open_fsspec(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
     try:
         import fsspec
     except ImportError:
@@ -161,14 +169,14 @@ def _open_fsspec(url: str, offset: int, timeout: float) -> _Opened:
     return _Opened(f, getattr(f, "size", None))
 
 
-def _opener(url: str) -> Callable[[str, int, float], _Opened]:
+def _opener(url: str) -> Callable[..., _Opened]:
     if url.startswith("pipe:"):
         return _open_pipe
     scheme = urllib.parse.urlsplit(url).scheme if "://" in url else ""
     if scheme in ("http", "https"):
         return _open_http
     if scheme in ("", "file"):
-        return lambda u, off, t: _open_local(_local_path(u), off, t)
+        return lambda u, off, t, end=None: _open_local(_local_path(u), off, t)
     return _open_fsspec
 
 
@@ -194,14 +202,18 @@ def _retryable(exc: BaseException) -> bool:
 class ResilientStream(io.RawIOBase):
     """A read-only raw stream over ``url`` from byte ``offset`` that reconnects on failure.
 
-    ``tell()`` is the absolute byte position in the URL's content."""
+    ``tell()`` is the absolute byte position in the URL's content; reading ends at ``end`` when
+    given (exclusive)."""
 
     def __init__(self, url: str, offset: int = 0, *, retries: int = RETRIES,
-                 backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S) -> None:
+                 backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
+                 end: Optional[int] = None) -> None:
         super().__init__()
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
-        self.url, self.pos = url, int(offset)
+        if end is not None and end < offset:
+            raise ValueError(f"{url}: end {end} is before offset {offset}")
+        self.url, self.pos, self.end = url, int(offset), end
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.attempts = 0  # connections made, for messages and tests
         self._open = _opener(url)
@@ -216,12 +228,17 @@ class ResilientStream(io.RawIOBase):
     def tell(self) -> int:
         return self.pos
 
+    @property
+    def size(self) -> Optional[int]:
+        """The URL's total size in bytes once known (``None`` for ``pipe:`` commands)."""
+        return self._size
+
     def _connect(self) -> None:
         while True:
             try:
                 self.attempts += 1
                 IO_STATS["opens"][self.url] += 1
-                conn = self._open(self.url, self.pos, self.timeout_s)
+                conn = self._open(self.url, self.pos, self.timeout_s, self.end)
                 try:
                     self._discard(conn, conn.skip)
                 except BaseException:
@@ -258,6 +275,8 @@ class ResilientStream(io.RawIOBase):
 
     def readinto(self, buf: Any) -> int:
         view = memoryview(buf).cast("B")
+        if self.end is not None:
+            view = view[:max(0, self.end - self.pos)]
         if not len(view):
             return 0
         while True:
@@ -265,8 +284,10 @@ class ResilientStream(io.RawIOBase):
                 self._connect()
             try:
                 n = self._conn.raw.readinto(view)
-                if not n and self._size is not None and self.pos < self._size:
-                    raise _Transient(f"connection closed at byte {self.pos} of {self._size}")
+                want = self._size if self.end is None or self._size is None else min(
+                    self._size, self.end)
+                if not n and want is not None and self.pos < want:
+                    raise _Transient(f"connection closed at byte {self.pos} of {want}")
             except BaseException as exc:  # noqa: BLE001 - sorted by _failed
                 self._conn.close()
                 self._conn = None
@@ -286,8 +307,12 @@ class ResilientStream(io.RawIOBase):
 
 
 def open_shard(url: str, offset: int = 0, *, retries: int = RETRIES,
-               backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S) -> BinaryIO:
-    """A buffered binary stream of ``url`` from byte ``offset`` that reconnects on failure (see
-    the module docstring). Raises ``RemoteReadError`` naming the URL when it cannot be read."""
-    raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s)
-    return io.BufferedReader(raw, BUFFER_BYTES)
+               backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
+               end: Optional[int] = None) -> BinaryIO:
+    """A buffered binary stream of ``url`` from byte ``offset`` (to ``end``, exclusive, when
+    given) that reconnects on failure (see the module docstring). Raises ``RemoteReadError``
+    naming the URL when it cannot be read."""
+    raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s,
+                          end=end)
+    size = BUFFER_BYTES if end is None else max(1, min(BUFFER_BYTES, end - offset))
+    return io.BufferedReader(raw, size)

@@ -11,8 +11,10 @@ raises if the labels differ. The key is the file's path relative to the root wit
 extension (dots replaced by ``_``, since ``webdataset`` splits keys at the first dot). Samples are
 written in a seeded random order so that a shard mixes classes; each shard is written to a new
 file of unpredictable name next to it (``NAME.XXXXXX.partial``, created exclusively: a symlink
-planted there is never written through) and renamed when complete. CLI:
-``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``.
+planted there is never written through), renamed when complete, then indexed
+(``NAME.idx.json``, see pooled_loader.shard_index). CLI:
+``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``; ``shards index PATTERN``
+indexes existing shards.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Optional, Sequence
 from .errors import ClassMismatchError, ShardFormatError
 from . import remote
 from .file_index import list_image_folder
+from .shard_index import write_index
 from .tar_reader import TarReader
 
 __all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
@@ -107,6 +110,7 @@ def write_shards(
                         bar.update(1)
                 os.chmod(partial, 0o644)  # mkstemp makes it private (0600)
                 os.replace(partial, path)
+                write_index(path)
             except BaseException:
                 if os.path.exists(partial):
                     os.unlink(partial)
@@ -162,7 +166,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="leave hidden folders and files (.ipynb_checkpoints, ._*) out; as "
                         "ImageFolder(include_hidden=False). Default: torchvision's listing")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
+    ix = sub.add_parser("index", help="write the sample index (NAME.idx.json) of local shards")
+    ix.add_argument("pattern", help="shards: a brace pattern (d-{000..099}.tar), a folder or "
+                                    "a path")
     args = parser.parse_args(argv)
+    if args.command == "index":
+        from .webdataset import expand_shards
+        for path in expand_shards(args.pattern):
+            if "://" in path or path.startswith("pipe:"):
+                raise ValueError(f"{path}: shards index works on local shards; index them "
+                                 "before uploading")
+            print(write_index(path))
+        return 0
     try:
         paths = write_shards(args.src, args.out_pattern, args.per_shard,
                              progress=not args.quiet, seed=args.seed,

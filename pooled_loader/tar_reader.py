@@ -71,10 +71,14 @@ class TarReader:
 
     ``base`` is the absolute offset at which ``fileobj`` starts (a stream resumed mid-shard);
     ``read(member)`` returns the data of the member just yielded (else it is skipped). After a
-    complete iteration ``end`` is the offset of the end-of-archive marker."""
+    complete iteration ``end`` is the offset of the end-of-archive marker. ``sliced``: the
+    stream is a slice of the archive that stops at a member boundary (one sample read by its
+    shard index's offsets): it may end there without the marker (inside a header or member it
+    is still truncated)."""
 
-    def __init__(self, fileobj: BinaryIO, url: str, *, base: int = 0) -> None:
-        self.url, self.base, self.end = url, base, None
+    def __init__(self, fileobj: BinaryIO, url: str, *, base: int = 0,
+                 sliced: bool = False) -> None:
+        self.url, self.base, self.end, self.sliced = url, base, None, sliced
         self.plain = True
         head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
         for magic, opener in COMPRESSED:
@@ -147,6 +151,9 @@ class TarReader:
             if len(buf) < BLOCK:
                 if buf or first is not None:
                     raise self.fail(at + len(buf), "truncated shard: it ends inside a header")
+                if self.sliced and at:
+                    self.end = self.base + at
+                    return
                 raise self.fail(at, "truncated shard: no end-of-archive marker (it ends after "
                                     "a member)" if at or self.base else "empty file, not a tar")
             self._pos += BLOCK

@@ -52,6 +52,12 @@ connection or short read in mid-shard is retried with backoff (``retries``, ``re
 and resumes at the byte where it stopped (HTTP Range; a server without Range support is read
 again and the bytes already delivered are discarded), so every sample arrives exactly once.
 Tar members are grouped into samples as ``webdataset.tariterators.group_by_keys`` does.
+With ``cache_dir=`` remote shards are read from a local copy kept under a byte budget
+(``pooled_loader.shard_cache``; counting goes through it too), and ``prefetch_shards=N``
+downloads a worker's next N shards (up to the end of its piece) while it reads one.
+``shuffle="global"`` replaces all of the above ordering with one permutation of every sample,
+read by offset through the shard indexes (``pooled_loader.global_shuffle``, which documents its
+order, split and state).
 
 Checkpoint and resume: ``state_dict()`` gives this process's position after the last sample its
 iterator yielded, and ``load_state_dict(state)`` before ``iter()`` continues from it. A loader
@@ -81,6 +87,7 @@ import os
 import random
 import re
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
@@ -90,9 +97,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
-from . import remote, wds_elastic
+from . import global_shuffle, remote, wds_elastic
 from .distributed import rank_and_world
 from .errors import SampleError, ShardFormatError
+from .shard_cache import Prefetcher, ShardCache
+from .shard_index import load_index
 from .tar_reader import Member, TarReader
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
@@ -145,19 +154,20 @@ def _is_local_tar(url: str) -> bool:
 
 
 def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
-                   backoff_s: float = remote.BACKOFF_S) -> Iterator[tuple[Sample, Any, Any]]:
+                   backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None
+                   ) -> Iterator[tuple[Sample, Any, Any]]:
     """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
     a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
 
     ``start``/``next`` are the byte offsets where this sample and the next one begin, or ``None``
     for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
-    and skipping whole samples). Errors propagate."""
+    and skipping whole samples). ``end``: read no byte from there on. Errors propagate."""
     base = offset or 0
-    stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s)
+    stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s, end=end)
     try:
         if base and not stream.peek(1):
             return  # resumed at the very end
-        tar = TarReader(stream, url, base=base)
+        tar = TarReader(stream, url, base=base, sliced=end is not None)
         plain = tar.plain
         sample: Optional[Sample] = None
         start: Optional[int] = None
@@ -359,6 +369,19 @@ class WebDataset(IterableDataset):
             5xx) before giving up on it; see ``pooled_loader.remote``.
         retry_backoff_s: the first retry is immediate; a second failure in a row waits this
             long, and the wait doubles with each further one.
+        shuffle: ``"shards"`` (shard order + ``shuffle_buffer``, as above) or ``"global"``: one
+            permutation of all samples per epoch, read by offset; needs a shard index next to
+            every shard (``python -m pooled_loader shards index``); see
+            ``pooled_loader.global_shuffle``.
+        cache_dir: keep downloaded remote shards in this folder, shared by all processes that
+            use it (``pooled_loader.shard_cache``); local shards are read in place.
+        cache_limit: the cache's byte budget: an int or ``"50GB"``, ``"512MiB"``... (None: no
+            budget). Least-recently-used shards that no reader has open are evicted.
+        prefetch_shards: download the next N shards of each worker's order in the background
+            while it reads one (needs ``cache_dir``: they are kept there).
+        index: read every shard's index (``X.tar.idx.json``; always with ``shuffle="global"``):
+            the counts come from it (no shard is read to count them) and the cache checks each
+            download's size and SHA-256 against it.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: no DistributedSampler needed
@@ -374,9 +397,19 @@ class WebDataset(IterableDataset):
         on_error: str = "raise",
         retries: int = remote.RETRIES,
         retry_backoff_s: float = remote.BACKOFF_S,
+        shuffle: str = "shards",
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Union[int, str, None] = None,
+        prefetch_shards: int = 0,
+        index: bool = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if shuffle not in ("shards", "global"):
+            raise ValueError(f"shuffle must be 'shards' or 'global', got {shuffle!r}")
+        if prefetch_shards < 0 or (prefetch_shards and cache_dir is None):
+            raise ValueError(f"prefetch_shards={prefetch_shards}: must be >= 0, and prefetching "
+                             "needs cache_dir= (the shards fetched ahead are kept there)")
         if samples_per_epoch is not None and samples_per_epoch < 0:
             raise ValueError(f"samples_per_epoch must be >= 0, got {samples_per_epoch}")
         self.urls = expand_shards(urls)
@@ -390,7 +423,8 @@ class WebDataset(IterableDataset):
         self.retries = int(retries)
         self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
-        self._progress: Optional[_Progress] = None  # the running iteration, for state_dict()
+        # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
+        self._progress: Optional[Union[_Progress, dict]] = None
         self._runs: Optional[dict] = None  # the running iteration of an elastic resume
         self._order: list[int] = []  # counted mode: the epoch's shards (url indices) in order
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
@@ -398,7 +432,28 @@ class WebDataset(IterableDataset):
         self._skip_log: list[tuple[str, str]] = []
         self._warned: set[str] = set()
         self._rank_world = rank_and_world()
+        self.shuffle = shuffle
+        self.prefetch_shards = int(prefetch_shards)
+        self._prefetcher: Optional[Prefetcher] = None
+        self._last_shard = 0  # prefetching stops there: the last shard of this worker's piece
+        self.cache = None if cache_dir is None else ShardCache(
+            cache_dir, cache_limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self.shard_sizes: Optional[list[int]] = None
+        self.indexes = None
+        if shuffle == "global" and (samples_per_epoch is not None or self.shuffle_buffer):
+            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
+                             "leave samples_per_epoch and shuffle_buffer unset")
+        if index or shuffle == "global":
+            if samples_per_epoch is not None:
+                raise ValueError("index=True counts the samples from the indexes: leave "
+                                 "samples_per_epoch unset")
+            self.indexes = [load_index(u, retries=self.retries, backoff_s=self.retry_backoff_s)
+                            for u in self.urls]
+            self.shard_sizes = [len(ix) for ix in self.indexes]
+            samples_per_epoch = sum(self.shard_sizes)
+        self._index_of = dict(zip(self.urls, self.indexes or ()))
+        if shuffle == "global":
+            self._cache_global = global_shuffle.use_cache(self.cache, self.indexes)
         if samples_per_epoch is None:
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
             samples_per_epoch = sum(self.shard_sizes)
@@ -411,11 +466,17 @@ class WebDataset(IterableDataset):
         if get_worker_info() is None:  # a spawned worker cannot see the process group
             self._rank_world = rank_and_world()
 
+    def _worker(self) -> tuple[int, int]:
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else (0, 1)
+
     def __getstate__(self) -> dict:
         # Pickled in the main process for spawned workers, which cannot see its process group.
         if get_worker_info() is None:
             self._rank_world = rank_and_world()
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["_prefetcher"] = None  # threads do not cross processes
+        return state
 
     def _current_rank_world(self) -> tuple[int, int]:
         if get_worker_info() is None or (dist.is_available() and dist.is_initialized()):
@@ -445,7 +506,11 @@ class WebDataset(IterableDataset):
         return log
 
     def _count_shard(self, url: str) -> int:
-        count, error = _count(url, retries=self.retries, backoff_s=self.retry_backoff_s)
+        try:
+            with self._source(url) as src:
+                count, error = _count(src, retries=self.retries, backoff_s=self.retry_backoff_s)
+        except Exception as exc:  # noqa: BLE001 - the cache's download failed: reported below
+            count, error = 0, _reason(exc)
         if error:
             self._fail(url, error)
         return count
@@ -481,15 +546,29 @@ class WebDataset(IterableDataset):
             first += 1
         return quota, [self.urls[i] for i in order], first, start
 
-    def _read_shard(self, url: str, offset: Optional[int], index: int
+    def _source(self, url: str) -> Any:
+        """A context manager giving where to read ``url`` from: its cached copy (pinned while
+        inside), else ``url``."""
+        if self.cache is None:
+            return nullcontext(url)
+        ix = self._index_of.get(url)
+        return self.cache.reading(url, size=ix and ix.shard_bytes, sha256=ix and ix.sha256)
+
+    def _read_shard(self, url: str, offset: Optional[int], index: int, ahead: Sequence[str] = ()
                     ) -> Iterator[tuple[Sample, Any, Any]]:
         """``_shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
-        the start and pass over ``index`` samples."""
+        the start and pass over ``index`` samples. ``ahead``: the shards to prefetch next."""
         opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s}
-        if offset is not None:
-            yield from _shard_samples(url, offset, **opts)
-            return
-        yield from islice(_shard_samples(url, 0, **opts), index, None)
+        with self._source(url) as src:
+            if self._prefetcher is not None:
+                self._prefetcher.ahead(list(ahead))
+            if offset is not None:
+                samples = _shard_samples(src, offset, **opts)
+            else:
+                samples = islice(_shard_samples(src, 0, **opts), index, None)
+            for item in samples:
+                item[0]["__url__"] = url  # not the cached copy's path
+                yield item
 
     def _raw(self, shards: list[str], pos: _Position, skip: int
              ) -> Iterator[tuple[Sample, tuple]]:
@@ -500,7 +579,9 @@ class WebDataset(IterableDataset):
             url = shards[pos.shard]
             key, passing = None, skip > 0
             try:
-                for sample, start, after in self._read_shard(url, pos.offset, pos.index):
+                ahead = shards[pos.shard + 1:min(pos.shard + 1 + self.prefetch_shards,
+                                                 self._last_shard + 1)]
+                for sample, start, after in self._read_shard(url, pos.offset, pos.index, ahead):
                     key = sample["__key__"]
                     here = [pos.shard, start, pos.index]
                     pos.offset, pos.index = after, pos.index + 1
@@ -520,6 +601,18 @@ class WebDataset(IterableDataset):
                                   f"shards (first: {shards[0]})")
             pos.shard, pos.offset, pos.index, pos.got = (pos.shard + 1) % len(shards), 0, 0, False
 
+    def _piece_end(self, shards: list[str], first: int, nsamples: int) -> int:
+        """Index in ``shards`` of the last shard a piece of ``nsamples`` from ``first`` reaches
+        (how far ahead prefetching is worth it); explicit mode: the whole cycle."""
+        if self.shard_sizes is None:
+            return len(shards) - 1
+        size = dict(zip(self.urls, self.shard_sizes))
+        last = first
+        while last < len(shards) - 1 and nsamples > size[shards[last]]:
+            nsamples -= size[shards[last]]
+            last += 1
+        return last
+
     def _apply(self, sample: Sample) -> tuple[bool, Any]:
         if self.transform is None:
             return True, sample
@@ -536,12 +629,33 @@ class WebDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         resume, self._resume = self._resume, None
-        if resume is not None and resume.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS) \
-                and resume["epoch"] == self.epoch:
-            yield from self._iter_runs(resume)
+        if self.shuffle == "global":
+            if resume is not None and resume.get("mode") != "global":
+                raise ValueError("WebDataset state is from shuffle='shards', this dataset has "
+                                 "shuffle='global'")
+            if resume is not None and resume["epoch"] != self.epoch:
+                resume = None  # as in shard mode: a state from another epoch is ignored
+            order = global_shuffle.GlobalOrder(self.indexes, self.seed)
+            yield from global_shuffle.iterate(self, order, resume)
             return
+        if self.prefetch_shards:
+            self._prefetcher = Prefetcher(self.cache, self.prefetch_shards)
+        try:
+            if resume is not None and resume.get("mode") in (wds_elastic.MERGED,
+                                                             wds_elastic.RUNS) \
+                    and resume["epoch"] == self.epoch:
+                yield from self._iter_runs(resume)
+            else:
+                yield from self._iter_shards(resume)
+        finally:
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
+
+    def _iter_shards(self, resume: Optional[dict]) -> Iterator[Any]:
         self._runs = None
         quota, shards, first, skip = self._plan()
+        self._last_shard = self._piece_end(shards, first, skip + quota)
         rank, _ = self._current_rank_world()
         info = get_worker_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
@@ -663,6 +777,10 @@ class WebDataset(IterableDataset):
         Called by the loader inside each worker (each worker reads its own piece). Records the
         shard, the byte offset of its next sample, the shuffle buffer's samples as positions and
         the shuffle RNG; see "Checkpoint and resume" in the module docstring."""
+        if self.shuffle == "global":  # layout: pooled_loader.global_shuffle's docstring
+            if self._progress is not None and self._progress["epoch"] == self.epoch:
+                return dict(self._progress)
+            return global_shuffle.fresh_state(self)
         state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
         if self._runs is not None:  # reading the runs of an elastic resume
@@ -693,6 +811,15 @@ class WebDataset(IterableDataset):
         differs when the state does not fit this dataset, or what is missing when it is corrupt."""
         if not isinstance(state, dict):
             raise ValueError(f"WebDataset state must be a dict, got {type(state).__name__}")
+        if state.get("mode") == "global" or self.shuffle == "global":
+            if state.get("mode") != "global" or self.shuffle != "global":
+                mode = "global" if state.get("mode") == "global" else "shards"
+                raise ValueError(f"WebDataset state is from shuffle={mode!r}, this dataset has "
+                                 f"shuffle={self.shuffle!r}")
+            global_shuffle.check_complete(state)
+            self.epoch = int(state["epoch"])
+            self._resume = state
+            return
         required = ("version", "epoch") + (
             ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
         missing = [k for k in required if k not in state]

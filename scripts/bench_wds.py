@@ -215,13 +215,16 @@ def run_epoch(loader, dataset, epoch: int) -> tuple[int, float, float | None]:
     return n, dt, (c1 - c0 if c0 is not None and c1 is not None else None)
 
 
-def time_epochs(built: dict, total: int, warmup: int, epochs: int) -> tuple[dict, dict]:
+def time_epochs(built: dict, total: int, warmup: int, epochs: int,
+                alternate: bool = False) -> tuple[dict, dict]:
     """Epochs of every loader in turn (so all see the same machine load): images/s and images
-    per CPU-second of each timed epoch, by loader name; every epoch must give `total` images."""
+    per CPU-second of each timed epoch, by loader name; every epoch must give `total` images.
+    ``alternate``: the order of the loaders reverses every epoch (none always goes first)."""
     rates: dict[str, list[float]] = {name: [] for name in built}
     per_cpu: dict[str, list[float]] = {name: [] for name in built}
     for epoch in range(warmup + epochs):
-        for name, (loader, ds) in built.items():
+        items = list(built.items())
+        for name, (loader, ds) in (items[::-1] if alternate and epoch % 2 else items):
             n, dt, cpu = run_epoch(loader, ds, epoch)
             if n != total:
                 raise RuntimeError(f"{name}: epoch {epoch} gave {n} images, expected {total}")

@@ -33,34 +33,40 @@ class _Handler(BaseHTTPRequestHandler):
         size = os.path.getsize(path)
         start = 0
         asked = self.headers.get("Range")
+        stop = size  # exclusive
         if asked and srv.ranges:
-            start = int(re.fullmatch(r"bytes=(\d+)-", asked).group(1))
+            first, last = re.fullmatch(r"bytes=(\d+)-(\d*)", asked).groups()
+            start = int(first)
+            if last:
+                stop = min(size, int(last) + 1)
             if start >= size:
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{size}")
                 self.end_headers()
                 return
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
         else:
             self.send_response(200)
-        self.send_header("Content-Length", str(size - start))
+        self.send_header("Content-Length", str(stop - start))
         self.send_header("Accept-Ranges", "bytes" if srv.ranges else "none")
         self.end_headers()
         with srv.lock:
             srv.requests[name] += 1
             cut = srv.cut_after if srv.cuts is None or srv.requests[name] <= srv.cuts else None
-        limit = size - start if cut is None else min(size - start, cut)
+        limit = stop - start if cut is None else min(stop - start, cut)
         with open(path, "rb") as f:
             f.seek(start)
             sent = 0
             while sent < limit:
-                chunk = f.read(min(1 << 16, limit - sent))
+                chunk = f.read(min(1 << 14 if srv.rate else 1 << 16, limit - sent))
+                if srv.rate:
+                    srv.throttle(len(chunk))
                 self.wfile.write(chunk)
                 sent += len(chunk)
         with srv.lock:
             srv.log.append((name, asked, start, sent))
-        if sent < size - start:
+        if sent < stop - start:
             self.wfile.flush()
             if srv.reset:  # RST instead of FIN: the client sees ECONNRESET
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
@@ -79,13 +85,17 @@ class _Server(ThreadingHTTPServer):
 class ShardServer:
     """Serves ``root`` on 127.0.0.1. The first ``cuts`` responses to each file (``None``: all)
     stop after ``cut_after`` bytes (``reset``: with a connection reset). ``ranges=False``
-    ignores Range headers (answers 200 with the whole file). ``log``: (file, Range header,
-    start, bytes sent) per response."""
+    ignores Range headers (answers 200 with the whole file). ``rate``: all responses together
+    send about that many bytes per second (one slow link shared by every connection).
+    ``log``: (file, Range header, start, bytes sent) per response."""
 
     def __init__(self, root: str, *, ranges: bool = True, cut_after: Optional[int] = None,
-                 cuts: Optional[int] = None, reset: bool = False) -> None:
+                 cuts: Optional[int] = None, reset: bool = False,
+                 rate: Optional[float] = None) -> None:
         self.root, self.ranges, self.cut_after, self.cuts, self.reset = (
             root, ranges, cut_after, cuts, reset)
+        self.rate = rate
+        self._link_free_at = 0.0  # when the throttled link has sent what it was given
         self.lock = threading.Lock()
         self.requests: collections.Counter = collections.Counter()  # responses with a body
         self.gets: collections.Counter = collections.Counter()  # every GET, 404s included
@@ -93,6 +103,15 @@ class ShardServer:
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.shards = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def throttle(self, nbytes: int) -> None:
+        """Wait until a link of ``self.rate`` bytes/s shared by all responses has sent
+        ``nbytes`` more."""
+        with self.lock:
+            now = time.monotonic()
+            self._link_free_at = max(now, self._link_free_at) + nbytes / self.rate
+            wait = self._link_free_at - now
+        time.sleep(wait)
 
     @property
     def base(self) -> str:

@@ -1,0 +1,219 @@
+"""Global shuffle for WebDataset (``shuffle="global"``): one permutation of all samples per
+(seed, epoch), read sample by sample through the shard indexes (pooled_loader.shard_index).
+
+Why: shard-order shuffling plus a buffer leaves an epoch's order close to the shards' order (a
+dataset written sorted by class stays clumped; scripts/shuffle_quality.py measures it). Reading
+by offset makes every order as cheap to produce as any other, at one seek (local or cached
+shard) or one HTTP Range request (remote, uncached) per sample.
+
+Order and split
+---------------
+``N`` samples (the indexes' counts, shards in their listed order: global id ``g`` is sample
+``g - first[s]`` of shard ``s``). Epoch ``e`` draws ``P = permutation(N)`` from numpy's
+``default_rng([seed, e])``; all ranks draw the same one. As ``DistributedSampler`` without
+padding, ``B = N // W`` samples per rank (every rank yields the same count; the last ``N % W``
+positions go unseen this epoch). Rank ``r`` of ``W``, worker ``k`` of ``K``: the slot reads the
+positions ``q_j = r + W * (k + K * j)`` for ``j = 0, 1, ...`` while ``k + K * j < B`` (its
+"strided share", ``B // K`` long, +1 for ``k < B % K``), i.e. samples ``P[q_j]`` in that order.
+
+State (``WebDataset.state_dict()`` in this mode; plain JSON, small, the same for any ``N``)::
+
+    {"version": 1, "mode": "global", "seed": S, "epoch": E, "samples": N, "shards": n,
+     "rank": r, "world_size": W, "worker": k, "num_workers": K,
+     "consumed": c, "done": d, "skipped": x}
+
+``consumed``: the slot has read the first ``c`` positions of its share (``q_0 .. q_{c-1}``);
+``done``: it yielded ``d`` samples (``d < c`` after skipped ones, ``on_error="skip"``: a
+skipped sample is replaced by the share's next position, wrapping round to ``q_0`` after the
+last, so ``c`` may exceed the share's length). The epoch's consumed positions are therefore a
+pure function of the states of all ``W * K`` slots, which is what an elastic resume on another
+``W'``/``K'`` needs to re-deal the rest (``consumed_positions``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import numpy as np
+
+from .errors import SampleError
+
+if TYPE_CHECKING:
+    from .shard_cache import ShardCache
+    from .shard_index import ShardIndex
+    from .webdataset import WebDataset
+
+__all__ = ["GlobalOrder", "consumed_positions", "use_cache", "STATE_KEYS"]
+
+STATE_VERSION = 1
+STATE_KEYS = ("version", "mode", "seed", "epoch", "samples", "shards", "rank", "world_size",
+              "worker", "num_workers", "consumed", "done")
+OPEN_SHARDS = 8  # cached shards a worker keeps pinned between samples (most recently used)
+
+
+class GlobalOrder:
+    """Where each global sample lives, and each slot's share of an epoch's permutation."""
+
+    def __init__(self, indexes: list["ShardIndex"], seed: int) -> None:
+        self.indexes, self.seed = indexes, seed
+        self.first = [0]
+        for ix in indexes:
+            self.first.append(self.first[-1] + len(ix))
+        self.total = self.first[-1]
+
+    def locate(self, g: int) -> tuple[int, int, int]:
+        """(shard, byte offset, size) of global sample ``g``."""
+        s = bisect.bisect_right(self.first, g) - 1
+        i = g - self.first[s]
+        return s, self.indexes[s].offsets[i], self.indexes[s].sizes[i]
+
+    def share(self, epoch: int, rank: int, world: int, worker: int, nworkers: int) -> np.ndarray:
+        """The global ids slot (rank, worker) reads this epoch, in order (module docstring)."""
+        per_rank = self.total // world
+        rng = np.random.default_rng([self.seed, epoch])
+        perm = rng.permutation(self.total)
+        return perm[rank + world * worker: world * per_rank: world * nworkers]
+
+
+def use_cache(cache: Optional["ShardCache"], indexes: list["ShardIndex"]) -> bool:
+    """Whether global reads go through ``cache``: only when every shard fits its budget
+    (random samples from a smaller cache would evict and download a shard per sample)."""
+    if cache is None:
+        return False
+    total = sum(ix.shard_bytes for ix in indexes)
+    if cache.limit is not None and total > cache.limit:
+        warnings.warn(f"WebDataset(shuffle='global'): the shards ({total} bytes) exceed "
+                      f"cache_limit ({cache.limit}): samples are read by Range requests, not "
+                      "cached", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def consumed_positions(state: dict) -> range:
+    """The permutation positions one slot's state has consumed (its first ``consumed`` share
+    positions, capped at the share), as a range of positions of the epoch's permutation."""
+    w, k, nk, r = state["world_size"], state["worker"], state["num_workers"], state["rank"]
+    per_rank = state["samples"] // w
+    share = len(range(k, per_rank, nk))
+    start, step = r + w * k, w * nk
+    return range(start, start + step * min(state["consumed"], share), step)
+
+
+def fresh_state(ds: "WebDataset") -> dict:
+    """The state of this (rank, worker) before its first sample of ``ds.epoch``."""
+    rank, world = ds._current_rank_world()
+    wid, nworkers = ds._worker()
+    return {"version": STATE_VERSION, "mode": "global", "seed": ds.seed, "epoch": ds.epoch,
+            "samples": ds.samples_per_epoch, "shards": len(ds.urls), "rank": rank,
+            "world_size": world, "worker": wid, "num_workers": nworkers, "consumed": 0,
+            "done": 0, "skipped": ds.skipped}
+
+
+def iterate(ds: "WebDataset", order: GlobalOrder, resume: Optional[dict]
+            ) -> Iterator[Any]:
+    """The samples of this (rank, worker) for ``ds.epoch``, from ``resume`` when given;
+    ``ds._progress`` is kept as the state dict of the last sample yielded."""
+    state = fresh_state(ds)
+    ids = order.share(ds.epoch, state["rank"], state["world_size"], state["worker"],
+                      state["num_workers"])
+    if resume is not None:
+        check_fits(resume, state)
+        state.update(consumed=int(resume["consumed"]), done=int(resume["done"]))
+    ds._progress = dict(state)
+    quota = len(ids)
+    handles: collections.OrderedDict = collections.OrderedDict()
+    idle = 0
+    try:
+        while state["done"] < quota:
+            g = int(ids[state["consumed"] % quota])
+            state["consumed"] += 1
+            shard, offset, size = order.locate(g)
+            ok, out = _read(ds, handles, shard, offset, size)
+            if not ok:
+                idle += 1
+                if idle > quota:
+                    raise SampleError(f"no usable sample in a whole pass over this worker's "
+                                      f"{quota} samples; {ds.skipped} skipped")
+                continue
+            idle = 0
+            state["done"] += 1
+            state["skipped"] = ds.skipped
+            ds._progress = dict(state)
+            yield out
+    finally:
+        for h in handles.values():
+            h.close()
+
+
+def _read(ds: "WebDataset", handles: collections.OrderedDict, shard: int, offset: int,
+          size: int) -> tuple[bool, Any]:
+    from .webdataset import _reason, _shard_samples
+
+    url = ds.urls[shard]
+    try:
+        src = _source(ds, handles, shard)
+        samples = _shard_samples(src, offset, end=offset + size, retries=ds.retries,
+                                 backoff_s=ds.retry_backoff_s)
+        try:
+            sample = next(samples, (None,))[0]
+        finally:
+            samples.close()
+        if sample is None:
+            raise ValueError(f"no sample at byte {offset} (is its shard index stale?)")
+    except Exception as exc:  # noqa: BLE001 - reported with the shard and offset
+        ds._fail(url, f"sample at byte {offset}: {_reason(exc)}", exc)
+        return False, None
+    sample["__url__"] = url
+    return ds._apply(sample)
+
+
+def _source(ds: "WebDataset", handles: collections.OrderedDict, shard: int) -> str:
+    """What to read shard ``shard`` from: its cached copy (kept pinned among the last
+    ``OPEN_SHARDS``), else its URL (a local seek or an HTTP Range request)."""
+    url = ds.urls[shard]
+    if ds.cache is None or not ds._cache_global:
+        return url
+    if shard in handles:
+        handles.move_to_end(shard)
+        return handles[shard].path
+    ix = ds.indexes[shard]
+    h = ds.cache.open(url, size=ix.shard_bytes, sha256=ix.sha256) \
+        if _remote(url) else None
+    if h is None:
+        return url
+    handles[shard] = h
+    if len(handles) > OPEN_SHARDS:
+        handles.popitem(last=False)[1].close()
+    return h.path
+
+
+def _remote(url: str) -> bool:
+    from .shard_cache import is_cacheable
+    return is_cacheable(url)
+
+
+def check_complete(state: dict) -> None:
+    """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state."""
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"WebDataset global-shuffle state is incomplete: missing {missing}")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"WebDataset global-shuffle state version {state['version']!r} is not "
+                         f"{STATE_VERSION}: written by another version of pooled_loader")
+
+
+def check_fits(state: dict, mine: dict) -> None:
+    """Raise ``ValueError`` saying what differs when ``state`` is not this slot's."""
+    check_complete(state)
+    differ = [f"{k}: state {state[k]!r}, dataset {mine[k]!r}" for k in
+              ("seed", "epoch", "samples", "shards", "rank", "world_size", "worker",
+               "num_workers") if state[k] != mine[k]]
+    if not (isinstance(state["consumed"], int) and isinstance(state["done"], int)
+            and 0 <= state["done"] <= state["consumed"]):
+        differ.append(f"consumed {state['consumed']!r} / done {state['done']!r} are not "
+                      "counts with done <= consumed")
+    if differ:
+        raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
