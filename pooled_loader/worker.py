@@ -353,7 +353,8 @@ class BatchMaker:
         metas: list = []
         spec = flatten(first, arrays, metas, numbers=True)
         leaves = [leaf_of(a, numbers=True) for a in arrays]
-        if leaves != self._leaves or self._spec is None or not same_structure(spec, self._spec):
+        if (rows is None or leaves != self._leaves or self._spec is None
+                or not same_structure(spec, self._spec)):  # rows None: no getitem_into guess
             self._spec, self._leaves = spec, leaves
             rows = self._rows(slot, leaves, batch)
         pending: list[list] | None = None

@@ -38,15 +38,15 @@ class SlowBlur(Op):
 class SlowItems(torch.utils.data.Dataset):
     """Arrays whose __getitem__ sleeps (the dataset's own code is the slow stage)."""
 
-    def __init__(self, n=24, sleep_s=SLOW_S):
-        self.n, self.sleep_s = n, sleep_s
+    def __init__(self, n=24, sleep_s=SLOW_S, side=16):
+        self.n, self.sleep_s, self.side = n, sleep_s, side
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
         time.sleep(self.sleep_s)
-        return np.full((16, 16, 3), i % 256, np.uint8), i
+        return np.full((self.side, self.side, 3), i % 256, np.uint8), i
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +208,34 @@ def test_gather_without_a_process_group_is_this_process_alone():
     list(loader)
     assert [f["rank"] for f in gather(loader)] == [0]
     assert "Ranks: 1, no straggler" in loader.report()
+
+
+def test_copies_to_the_device_are_booked_as_h2d_in_the_main_process(tmp_path):
+    from test_cuda import ManualBackend  # stands in for the CUDA runtime
+    from pooled_loader.cuda import DeviceIter
+    loader = PooledLoader(SlowItems(n=16, sleep_s=0.0), batch_size=4, trace=str(tmp_path / "t"))
+    backend = ManualBackend()
+    it = DeviceIter(iter(loader), torch.device("cpu"), depth=2, backend=backend)
+    for _ in range(4):
+        for e in backend.events:
+            e.complete = True
+        next(it)
+    main = loader.stats()["stages"]["main"]
+    assert main["total_s"]["h2d"] > 0 and main["per_batch_ms"]["h2d"] > 0
+    loader.close()
+    import json
+    names = {e["name"] for e in json.load(open(tmp_path / "t"))["traceEvents"]}
+    assert {"h2d", "wait", "batch", "getitem", "collate"} <= names
+
+
+def test_batches_of_a_steady_size_never_wait_for_a_bigger_slot():
+    # found by these timings: without getitem_into, every batch after the first asked the main
+    # process for a new slot (and copied its samples twice) although its own slot fitted
+    loader = PooledLoader(SlowItems(n=32, sleep_s=0.0, side=64), batch_size=4, num_workers=2,
+                          persistent_workers=True)
+    for _ in range(3):
+        for _ in loader:
+            pass
+    fig = loader.stats()["stages"]["all"]
+    assert fig["batches"] == 24 and "slot_wait" not in fig["total_s"]
+    assert loader.stats()["grown"] == 1  # sized once from the first batch
