@@ -17,8 +17,9 @@ Workloads, 2 workers, persistent, one warm-up epoch then ``--epochs`` timed epoc
 - transport-inproc: transport with num_workers=0, rated by this process's CPU time (one thread:
   the least noisy figure on a loaded machine, the very code a worker runs per sample).
 
-Prints per tree the median samples/s, the ratio this / base (median of the per-round ratios)
-and, measured directly in this process, the hooks' own cost per sample (the clock reads and
+Prints per tree the median samples/s, the ratio this / base (median of the per-round ratios),
+the same ratio by CPU time per sample (this process and its workers, every epoch: far less
+sensitive to other jobs on the machine than wall clock) and, measured directly in this process, the hooks' own cost per sample (the clock reads and
 bookkeeping a sample pays) against the per-sample worker time this tree's stats() reports.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -74,11 +76,12 @@ def run_one(workload: str, data: str, epochs: int) -> dict:
     loader = PooledLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                           persistent_workers=workers > 0,
                           generator=torch.Generator().manual_seed(0))
-    rates = []
+    rates, total = [], 0
     for epoch in range(epochs + 1):
         start, seen = clock(), 0
         for batch_data in loader:
             seen += len(batch_data[1])
+        total += seen
         if epoch:
             rates.append(seen / (clock() - start))
     stats = loader.stats()
@@ -87,7 +90,10 @@ def run_one(workload: str, data: str, epochs: int) -> dict:
         fig = stats["stages"]["all"]
         out["busy_ms_per_sample"] = 1e3 * fig["busy_s"] / fig["samples"]
         out["stage_ms_per_sample"] = fig["per_sample_ms"]
-    loader.close()
+    loader.close()  # joins the workers: their CPU time is then in RUSAGE_CHILDREN
+    cpu = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+              for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    out["cpu_us_per_sample"] = 1e6 * cpu / total  # every epoch and the start-up included
     return out
 
 
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for workload in args.workloads.split(","):
             runs: dict[str, list] = {"this": [], "base": []}
-            ratios = []
+            ratios, cpu_ratios = [], []
             for r in range(args.rounds):
                 order = ("this", "base") if r % 2 == 0 else ("base", "this")
                 got = {name: run_isolated(trees[name], workload, args) for name in order}
@@ -176,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name].append(got[name])
                 ratios.append(statistics.median(got["this"]["rates"])
                               / statistics.median(got["base"]["rates"]))
-                print(f"{workload} round {r}: this/base {ratios[-1]:.3f}", flush=True)
+                cpu_ratios.append(got["base"]["cpu_us_per_sample"]
+                                  / got["this"]["cpu_us_per_sample"])
+                print(f"{workload} round {r}: this/base {ratios[-1]:.3f} by wall clock, "
+                      f"{cpu_ratios[-1]:.3f} by CPU time", flush=True)
             med = {k: statistics.median(x for run in v for x in run["rates"])
                    for k, v in runs.items()}
             busy = statistics.median(run["busy_ms_per_sample"] for run in runs["this"])
@@ -185,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             results["workloads"][workload] = {
                 "median_samples_per_s": med, "ratio_this_over_base": statistics.median(ratios),
                 "round_ratios": ratios, "worker_ms_per_sample": busy,
+                "cpu_ratio_this_over_base": statistics.median(cpu_ratios),
+                "round_cpu_ratios": cpu_ratios,
                 "hook_ns_per_sample": cost, "hook_share": cost * 1e-6 / busy,
                 "stage_ms_per_sample": runs["this"][-1]["stage_ms_per_sample"]}
     finally:
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{w:<10} this {r['median_samples_per_s']['this']:>9.0f}/s  base "
               f"{r['median_samples_per_s']['base']:>9.0f}/s  this/base "
               f"{r['ratio_this_over_base']:.3f} (rounds {min(r['round_ratios']):.3f}-"
-              f"{max(r['round_ratios']):.3f});  hooks {r['hook_ns_per_sample']:.0f} ns of "
+              f"{max(r['round_ratios']):.3f}), by CPU time {r['cpu_ratio_this_over_base']:.3f} "
+              f"({min(r['round_cpu_ratios']):.3f}-{max(r['round_cpu_ratios']):.3f});  hooks {r['hook_ns_per_sample']:.0f} ns of "
               f"{1e3 * r['worker_ms_per_sample']:.1f} us per sample = {r['hook_share']:.2%}")
     if args.json:
         with open(args.json, "w") as f:
