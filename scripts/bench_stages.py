@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(trees["base"], ignore_errors=True)
     results["load_end"] = os.getloadavg()[0]
-    print(f"\nbase {rev[:10]}, {args.rounds} rounds (ABBA), {args.epochs} timed epochs each, "
+    print(f"\nbase {rev}, {args.rounds} rounds (ABBA), {args.epochs} timed epochs each, "
           f"load {results['load_start']:.1f} -> {results['load_end']:.1f}")
     for w, r in results["workloads"].items():
         print(f"{w:<10} this {r['median_samples_per_s']['this']:>9.0f}/s  base "
