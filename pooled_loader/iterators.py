@@ -268,7 +268,7 @@ class _IterBase:
 
     def _build(self, layout: BatchLayout) -> Any:
         """The batch a worker built, as zero-copy views of its slot."""
-        lease = self._pool.lease(layout.ref)
+        lease = self._pool.lease(layout.ref, layout.nbytes)  # its size picks the slots' class
         base = lease.array()
         del lease
         arrays = []

@@ -109,6 +109,8 @@ class BatchMaker:
         self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
                          and callable(getattr(cfg.dataset, "getitem_into", None)))
         self.stateful = has_state(cfg.dataset)
+        from .collate import RaggedCollate  # here: collate -> ragged imports this module
+        self.ragged = isinstance(cfg.collate_fn, RaggedCollate)
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -257,11 +259,12 @@ class BatchMaker:
             every = self.cfg.snapshot_every
             snapshot = self.snapshot() if every and self.batches % every == 0 else None
             self.position = StreamPosition(items=self.items, snapshot=snapshot)
+            if self.cfg.collate_fn is not None and self.cfg.auto_collation:
+                return self._write_collated(task_id, samples, None, ref)
             if self.cfg.collate_fn is not None:
                 with CLOCK.timing("collate"):
-                    batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
-                        self.cfg.collate_fn(samples[0])
-                    return self._write_tree(task_id, batch, ref, convert=False)
+                    return self._write_tree(task_id, self.cfg.collate_fn(samples[0]), ref,
+                                            convert=False)
             if not self.cfg.auto_collation:
                 with CLOCK.timing("collate"):
                     return self._write_tree(task_id, samples[0], ref, convert=True)
@@ -283,9 +286,7 @@ class BatchMaker:
                 return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
             samples = [self._timed_fetch(i) for i in payload]
-            with CLOCK.timing("collate"):
-                return self._write_tree(task_id, self.cfg.collate_fn(samples), ref,
-                                        convert=False)
+            return self._write_collated(task_id, samples, payload, ref)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
 
     def _timed_fetch(self, index: Any) -> Any:
@@ -294,6 +295,17 @@ class BatchMaker:
             return self._fetch(index)
         finally:
             self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), index)
+
+    def _write_collated(self, task_id: int, samples: list, indices: Any,
+                        ref: SlotRef) -> BatchLayout:
+        """A custom collate_fn's batch, copied into the slot; the ragged helpers of
+        `pooled_loader.collate` write theirs there directly (`pooled_loader.ragged`)."""
+        with CLOCK.timing("collate"):
+            if self.ragged:
+                return self.cfg.collate_fn.pooled_layout(
+                    samples, indices, ref, self.arenas.slot,
+                    lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+            return self._write_tree(task_id, self.cfg.collate_fn(samples), ref, convert=False)
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
