@@ -52,7 +52,7 @@ class TraceRecorder:
 
     def add_batch(self, track: int, spans: list | None) -> None:
         """A delivered batch's spans, built on ``track`` (0: main, k + 1: worker k)."""
-        if spans is None or not (self.remaining is None or self.remaining > 0):
+        if spans is None or not self.active:
             return
         self.batches.append((track, spans))
         if self.remaining is not None:
