@@ -57,6 +57,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Sequence
@@ -390,6 +391,7 @@ class DeviceIter:
         self._in_flight: collections.deque = collections.deque()  # (device batch, event, tensors)
         self._copying: list[tuple[Any, Any]] = []  # (event, host batch): slot released when done
         self._exhausted = False
+        self._stats = getattr(host, "_stats", None)  # the loader's: "h2d" time is booked there
 
     def __iter__(self) -> "DeviceIter":
         return self
@@ -398,6 +400,7 @@ class DeviceIter:
         return len(self.base)
 
     def _launch(self, host_batch: Any) -> None:
+        start = time.perf_counter()
         device_tensors: list[torch.Tensor] = []
 
         def to_device(t: torch.Tensor) -> torch.Tensor:
@@ -413,6 +416,10 @@ class DeviceIter:
         event = self.backend.record()
         self._copying.append((event, host_batch))
         self._in_flight.append((batch, event, device_tensors))
+        if self._stats is not None:  # the host's time issuing the copies (they run async)
+            end = time.perf_counter()
+            self._stats.counters["h2d_s"] += end - start
+            self._stats.main_span("h2d", start, end)
 
     def _release_finished_copies(self) -> None:
         # No queued copy reads these slots any more: no release fence (see the module docstring).

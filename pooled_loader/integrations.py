@@ -10,8 +10,8 @@ statistics. :func:`patch_accelerate` wraps accelerate's ``prepare_data_loader`` 
 ``skip_first_batches`` so that, for a ``PooledLoader``, the loader inside accelerate's wrapper is
 a ``PooledLoader`` built from exactly the arguments accelerate chose (so the batches, their
 sharding per process and their order are the ones accelerate gives for an equivalent
-``DataLoader``), plus the original's ``pool_slots``, ``on_error``, ``device_transform`` and
-``device`` (accelerate's device when the original has none and it is a CUDA device, so the
+``DataLoader``), plus the original's ``pool_slots``, ``on_error``, ``device_transform``,
+``trace`` and ``device`` (accelerate's device when the original has none and it is a CUDA device, so the
 pinned pool's asynchronous copy does the transfer). Everything accelerate's wrapper does stays:
 device placement, RNG synchronisation, ``end_of_dataloader`` for gradient accumulation,
 ``skip_first_batches``. ``isinstance(prepared, PooledLoader)`` holds and ``prepared.stats()``
@@ -183,6 +183,7 @@ def _rebuild(base: Any, template: Any, device: Any) -> Any:
                           pool_slots=template.pool_slots, on_error=template.on_error,
                           device=device, device_transform=template.device_transform,
                           snapshot_every_n_steps=template.snapshot_every_n_steps,
-                          per_sample_seed=template.per_sample_seed)
+                          per_sample_seed=template.per_sample_seed,
+                          trace=template.trace_path, trace_batches=template.trace_batches)
     loader._epoch = template._epoch
     return loader

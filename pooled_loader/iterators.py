@@ -293,11 +293,14 @@ class _IterBase:
         c["wait_s"] += now - started
         if self._last_yield is not None:
             c["consumer_s"] += started - self._last_yield
+            self._stats.main_span("step", self._last_yield, started)
+        self._stats.main_span("wait", started, now)
         self._last_yield = now
 
     def _epoch_done(self) -> None:
         self._pool.mark_warm()
         self._last_yield = None
+        self._stats.epoch_done()
 
 
 def _worker_config(loader: PooledLoader, iterable: bool, seed: int, *,
@@ -346,7 +349,9 @@ class InProcessIter(_IterBase):
                 raise
         ref = self._pool.acquire()
         try:
-            result = self._maker.make(self._task, payload, ref, self._sample_epoch())
+            built = time.perf_counter()
+            result = self._maker.make(self._task, payload, ref, self._sample_epoch(),
+                                      self._stats.tracing)
         except SampleFailure as failure:
             self._pool.release(ref)
             raise failure.__cause__ from None
@@ -362,6 +367,8 @@ class InProcessIter(_IterBase):
             self._progress.finish()
             self._epoch_done()
             raise StopIteration
+        self._stats.record_batch(0, self._maker.stages, result.num_samples,
+                                 time.perf_counter() - built, self._maker.spans, track=0)
         batch = self._build(result)
         if self._iterable:
             self._progress.delivered_batch(0, self._maker.position)
@@ -562,7 +569,8 @@ class WorkerIter(_IterBase):
             self._task_info[task_id] = (position, worker.id)
             try:
                 worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload,
-                                      ref=ref, seed_epoch=self._sample_epoch()))
+                                      ref=ref, seed_epoch=self._sample_epoch(),
+                                      trace=self._stats.tracing))
             except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
                 self._worker_died(worker)
 
@@ -589,6 +597,8 @@ class WorkerIter(_IterBase):
         if type(msg) is Done:
             self._stats.record_skips(msg.skipped)
             self._stats.worker_busy_s[worker.id] += msg.busy_s
+            self._stats.record_batch(worker.id, msg.stages, msg.batch.num_samples, msg.busy_s,
+                                     msg.spans)
         elif type(msg) is End:
             worker.active = False
             self._pool.release(msg.ref)

@@ -23,6 +23,7 @@ from .pool import SlotPool
 from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
                      WorkerStream, parse)
 from .stats import LoaderStats, report_text
+from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -58,6 +59,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             index) just before each sample is loaded, so augmentations no longer depend on which
             worker loaded a sample: an epoch's batches are bit-identical for any num_workers and
             after a resume. Default False: DataLoader's per-worker seeding.
+        trace: a path: keep the spans of the last `trace_batches` batches (every sample's stages
+            in every worker, the main process's waits) and write them there as a Chrome trace
+            (Perfetto, chrome://tracing) at the end of every epoch and at `close()`. See also
+            `trace()` and `pooled_loader.trace`.
 
     `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (README, "Checkpoint and
     resume").
@@ -73,7 +78,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                  in_order: bool = True, pool_slots: int | None = None, on_error: str = "raise",
                  device: Any = None, device_transform: Callable | None = None,
                  distributed: bool = False, snapshot_every_n_steps: int | None = 1,
-                 per_sample_seed: bool = False) -> None:
+                 per_sample_seed: bool = False, trace: str | None = None,
+                 trace_batches: int = DEFAULT_TRACE_BATCHES) -> None:
         if snapshot_every_n_steps is not None and (
                 isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps,
                                                                            int)
@@ -120,6 +126,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self.device_transform = device_transform
         self._pool: SlotPool | None = None
         self._stats = LoaderStats()
+        self.trace_path, self.trace_batches = trace, trace_batches
+        if trace is not None:
+            self._stats.trace = TraceRecorder(trace, trace_batches)
         self._epoch: int | None = None
         self.snapshot_every_n_steps = snapshot_every_n_steps or 0
         self.per_sample_seed = bool(per_sample_seed)
@@ -314,8 +323,17 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._stats.reset()
 
     def report(self) -> str:
-        """One paragraph saying whether the loader or the training step is the bottleneck."""
-        return report_text(self.stats())
+        """One paragraph: whether the loader or the training step is the bottleneck, the
+        loader's slowest stage and its fix, and (after `pooled_loader.stats.gather`) the
+        straggler ranks."""
+        return report_text(self.stats(), self._stats.ranks)
+
+    def trace(self, path: str, batches: int = DEFAULT_TRACE_BATCHES) -> None:
+        """Record the next `batches` batches and write them to `path` as a Chrome trace once
+        they are delivered (or at the epoch's end or `close()`, if that comes first). Replaces
+        the trace given to the constructor. Spans are recorded for batches dispatched from now
+        on: the ones already prefetched are not in it."""
+        self._stats.trace = TraceRecorder(path, batches, limit=batches)
 
     def close(self) -> None:
         """Stop persistent workers now (they also stop when the loader is garbage collected).
@@ -325,6 +343,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         stop = getattr(iterator, "_stop", None)
         if stop is not None:
             stop()
+        self._stats.epoch_done()  # writes the trace, if one is recorded
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -75,6 +75,7 @@ class Task:
     payload: Any
     ref: SlotRef
     seed_epoch: int = 0  # the epoch per-sample seeds are drawn for (kept across a resume)
+    trace: bool = False  # record this batch's spans for the trace file (trace.py)
 
 
 @dataclass(**_MESSAGE)
@@ -131,6 +132,8 @@ class Done:
     busy_s: float  # seconds the worker spent on it
     # iterable datasets; map-style ones only where the dataset has its own state
     position: StreamPosition | None = None
+    stages: dict[str, float] | None = None  # seconds per stage of this batch (stages.py)
+    spans: list | None = None  # when the task asked for a trace: (stage, start ns, ns, index)
 
 
 @dataclass(**_MESSAGE)

@@ -200,7 +200,7 @@ class SlotPool:
 
     @property
     def slot_bytes(self) -> int:
-        return max(a.slot_bytes for a in self._arenas.values())
+        return max((a.slot_bytes for a in self._arenas.values()), default=0)  # 0: all retired
 
     # -- slots ----------------------------------------------------------------------------------
     def _drain_returned(self) -> None:

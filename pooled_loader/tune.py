@@ -26,7 +26,8 @@ step, scaled in proportion for other batch sizes, as a step's time grows with it
 figures say whether the loader or the step is the bottleneck at your step time.
 
 Writes ``OUT/tune.json`` (every trial: settings, images/s, wait fraction, worker busy fractions,
-pool slots/occupancy/growth, peak worker RSS, the loader's report) and ``OUT/tune.png``, prints a
+worker milliseconds per sample in each stage, pool slots/occupancy/growth, peak worker RSS, the
+loader's report) and ``OUT/tune.png`` (the same, plotted per setting), prints a
 table, the best trial's ``loader.report()`` and the ``PooledLoader(...)`` line to paste.
 """
 from __future__ import annotations
@@ -199,6 +200,7 @@ def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batc
     busy = {int(w): min(1.0, (b - s0["worker_busy_s"].get(w, 0.0)) / window)
             for w, b in s1["worker_busy_s"].items()}
     samples = s1["samples"] - s0["samples"]
+    stage_ms = _stage_ms(s0["stages"]["all"], s1["stages"]["all"])
     wait_fraction = wait / (wait + consumer) if wait + consumer > 0 else 1.0
     rss_workers = [k for k in rss_workers if k]
     return {
@@ -210,6 +212,7 @@ def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batc
         "bottleneck": "loader" if wait_fraction > BOTTLENECK_WAIT_SHARE else "step",
         "worker_busy_fraction": busy,
         "worker_busy_mean": sum(busy.values()) / len(busy) if busy else None,
+        "stage_ms_per_sample": stage_ms,
         "slots": s1.get("slots"), "slots_in_use": s1.get("slots_in_use"),
         "slot_bytes": s1.get("slot_bytes"), "pool_bytes": s1.get("bytes"),
         "grown": s1.get("grown"), "allocations_after_warmup": s1.get("allocations_after_warmup"),
@@ -219,6 +222,16 @@ def run_trial(ds: Any, s: Setting, *, time_limit_s: float, warmup: int, min_batc
         "load_avg_1min": os.getloadavg()[0],
         "report": report,
     }
+
+
+def _stage_ms(before: dict, after: dict) -> dict[str, float]:
+    """Worker milliseconds per sample and stage between two ``stats()["stages"]["all"]``."""
+    samples = after["samples"] - before["samples"]
+    if samples <= 0:
+        return {}
+    ms = {k: 1e3 * (v - before["total_s"].get(k, 0.0)) / samples
+          for k, v in after["total_s"].items()}
+    return {k: v for k, v in sorted(ms.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def failed_trial(s: Setting, error: BaseException) -> dict:
@@ -298,7 +311,8 @@ def confirm(first: dict, winner: dict, measure: Callable[[Setting, str], dict], 
 
 
 def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
-    """tune.png: images/s per trial, and where the time goes (worker busy/idle, consumer wait)."""
+    """tune.png: images/s per trial, where the time goes (worker busy/idle, consumer wait) and
+    the workers' milliseconds per sample in each stage (getitem, decode, crop_resize, ...)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -307,8 +321,8 @@ def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
               "prefetch_factor": "tab:brown", "pool_extra": "tab:purple", "confirm": "black"}
     x = list(range(len(trials)))
     labels = [t["label"] for t in trials]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(9.0, 0.6 * len(trials) + 5), 7.5),
-                                   sharex=True)
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(max(9.0, 0.6 * len(trials) + 5), 10.5),
+                                        sharex=True)
     bars = ax1.bar(x, [t["images_per_s"] for t in trials],
                    color=[colors[t["knob"]] for t in trials])
     bars[trials.index(best)].set_edgecolor("black")
@@ -333,12 +347,31 @@ def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
     ax2.set_title("where the time goes", fontsize=10)
     ax2.set_ylim(0, 105)
     ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
-    ax2.set_xlabel("trial (w=num_workers p=prefetch_factor s=pool_slots b=batch_size)")
+    _plot_stages(ax3, trials, x)
+    ax3.set_xticks(x)
+    ax3.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    ax3.set_xlabel("trial (w=num_workers p=prefetch_factor s=pool_slots b=batch_size)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_stages(ax: Any, trials: list[dict], x: list[int]) -> None:
+    """Stacked bars: each trial's worker milliseconds per sample, stage by stage."""
+    stages: list[str] = []
+    for t in trials:
+        for k in t.get("stage_ms_per_sample") or {}:
+            if k not in stages:
+                stages.append(k)
+    bottom = [0.0] * len(trials)
+    for k in stages:
+        ms = [(t.get("stage_ms_per_sample") or {}).get(k, 0.0) for t in trials]
+        ax.bar(x, ms, bottom=bottom, label=k)
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.set_ylabel("worker ms per sample")
+    ax.set_title("where the workers' time goes, per stage", fontsize=10)
+    if stages:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def format_table(trials: list[dict], best: dict) -> str:

@@ -34,6 +34,7 @@ from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSl
                        SetEpoch, Slot, Started, StreamPosition, Task)
 from .resume import has_state, sample_seed, seed_globals
 from .pool import ArenaMap, SlotRef
+from .stages import CLOCK, perf_counter_ns
 
 MAX_REPLACEMENTS = 16
 
@@ -102,7 +103,7 @@ class BatchMaker:
                  request_slot: Callable[[int, int, SlotRef], SlotRef]):
         self.cfg = cfg
         self.arenas = arenas
-        self.request_slot = request_slot
+        self.request_slot = CLOCK.slot_requests(request_slot)
         self.iterator = None
         self.dataset_len = None
         self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
@@ -120,6 +121,9 @@ class BatchMaker:
         self.items = 0  # iterable: items taken from this epoch's iterator
         self.batches = 0  # iterable: batches built this epoch (for snapshot_every)
         self.position: StreamPosition | None = None  # iterable: after the last batch built
+        self.getitem_ns = 0  # the batch's time in the dataset's __getitem__ / next() (stages.py)
+        self.stages: dict[str, float] = {}  # seconds per stage of the last batch built
+        self.spans: list | None = None  # and its spans, when it was traced
 
     # -- fetching samples ------------------------------------------------------------------------
     def reset_iterator(self, stream: dict | None = None) -> None:
@@ -215,7 +219,9 @@ class BatchMaker:
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []
         for _ in range(want):
+            start = perf_counter_ns()
             item = self._next_item()
+            self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), self.items)
             if item is None:
                 break
             samples.append(item[0])
@@ -225,10 +231,21 @@ class BatchMaker:
         return samples
 
     # -- building ---------------------------------------------------------------------------------
-    def make(self, task_id: int, payload: Any, ref: SlotRef,
-             seed_epoch: int = 0) -> BatchLayout | None:
+    def make(self, task_id: int, payload: Any, ref: SlotRef, seed_epoch: int = 0,
+             trace: bool = False) -> BatchLayout | None:
         """Fill `ref` with the batch of `payload`; returns where it lies (the slot may have been
-        swapped for a bigger one), or None at the end of an iterable dataset."""
+        swapped for a bigger one), or None at the end of an iterable dataset. Leaves the batch's
+        stage timings in `stages` (and, if `trace`, its spans in `spans`)."""
+        CLOCK.begin(trace)
+        self.getitem_ns = 0
+        start = perf_counter_ns()
+        try:
+            return self._make_batch(task_id, payload, ref, seed_epoch)
+        finally:
+            self.stages, self.spans = CLOCK.finish(self.getitem_ns, start, task_id)
+
+    def _make_batch(self, task_id: int, payload: Any, ref: SlotRef,
+                    seed_epoch: int) -> BatchLayout | None:
         self.skipped = []
         self.seed_epoch = seed_epoch
         if self.cfg.iterable:
@@ -245,10 +262,12 @@ class BatchMaker:
             if self.cfg.collate_fn is not None and self.cfg.auto_collation:
                 return self._write_collated(task_id, samples, None, ref)
             if self.cfg.collate_fn is not None:
-                return self._write_tree(task_id, self.cfg.collate_fn(samples[0]), ref,
-                                        convert=False)
+                with CLOCK.timing("collate"):
+                    return self._write_tree(task_id, self.cfg.collate_fn(samples[0]), ref,
+                                            convert=False)
             if not self.cfg.auto_collation:
-                return self._write_tree(task_id, samples[0], ref, convert=True)
+                with CLOCK.timing("collate"):
+                    return self._write_tree(task_id, samples[0], ref, convert=True)
             return self._collate(task_id, samples, ref, fetch=None)
         layout = self._make_map(task_id, payload, ref)
         if self.stateful and self.cfg.snapshot_every:
@@ -259,23 +278,34 @@ class BatchMaker:
 
     def _make_map(self, task_id: int, payload: Any, ref: SlotRef) -> BatchLayout:
         if not self.cfg.auto_collation:
-            sample = self._fetch(payload)
-            if self.cfg.collate_fn is not None:
-                return self._write_tree(task_id, self.cfg.collate_fn(sample), ref, convert=False)
-            return self._write_tree(task_id, sample, ref, convert=True)
+            sample = self._timed_fetch(payload)
+            with CLOCK.timing("collate"):
+                if self.cfg.collate_fn is not None:
+                    return self._write_tree(task_id, self.cfg.collate_fn(sample), ref,
+                                            convert=False)
+                return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            return self._write_collated(task_id, [self._fetch(i) for i in payload], payload, ref)
+            samples = [self._timed_fetch(i) for i in payload]
+            return self._write_collated(task_id, samples, payload, ref)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
+
+    def _timed_fetch(self, index: Any) -> Any:
+        start = perf_counter_ns()
+        try:
+            return self._fetch(index)
+        finally:
+            self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), index)
 
     def _write_collated(self, task_id: int, samples: list, indices: Any,
                         ref: SlotRef) -> BatchLayout:
         """A custom collate_fn's batch, copied into the slot; the ragged helpers of
         `pooled_loader.collate` write theirs there directly (`pooled_loader.ragged`)."""
-        if self.ragged:
-            return self.cfg.collate_fn.pooled_layout(
-                samples, indices, ref, self.arenas.slot,
-                lambda nbytes, old: self.request_slot(task_id, nbytes, old))
-        return self._write_tree(task_id, self.cfg.collate_fn(samples), ref, convert=False)
+        with CLOCK.timing("collate"):
+            if self.ragged:
+                return self.cfg.collate_fn.pooled_layout(
+                    samples, indices, ref, self.arenas.slot,
+                    lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+            return self._write_tree(task_id, self.cfg.collate_fn(samples), ref, convert=False)
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
@@ -311,6 +341,7 @@ class BatchMaker:
                  fetch: Callable | None) -> BatchLayout:
         """default_collate, writing sample j's leaves straight into row j of each batch leaf."""
         batch = len(items)
+        collating = CLOCK.collating()  # timings: the time between fetches is collate's
         slot = self.arenas.slot(ref)
         rows = self._rows(slot, self._leaves, batch) if (self._leaves and self.use_into) else None
         guess = rows
@@ -321,14 +352,21 @@ class BatchMaker:
             out = None
             if rows_now is not None and self.use_into:
                 out = empty_like_tree(self._spec, [v[j, ...] for v in rows_now.views])
-            return fetch(items[j], out)
+            start = perf_counter_ns()
+            sample = fetch(items[j], out)
+            end = perf_counter_ns()
+            collating.fetch_ns += end - start
+            if collating.spans is not None:
+                collating.span(start, end, items[j])
+            return sample
 
         first = sample_at(0, guess)
         arrays: list = []
         metas: list = []
         spec = flatten(first, arrays, metas, numbers=True)
         leaves = [leaf_of(a, numbers=True) for a in arrays]
-        if leaves != self._leaves or self._spec is None or not same_structure(spec, self._spec):
+        if (rows is None or leaves != self._leaves or self._spec is None
+                or not same_structure(spec, self._spec)):  # rows None: no getitem_into guess
             self._spec, self._leaves = spec, leaves
             rows = self._rows(slot, leaves, batch)
         pending: list[list] | None = None
@@ -366,9 +404,11 @@ class BatchMaker:
             rows = self._rows(self.arenas.slot(ref), leaves, batch)
             for j, s_arrays in enumerate(pending):
                 self._write_row(rows, j, s_arrays)
-        return BatchLayout(ref=ref, spec=collated_spec(spec),
-                           leaves=list(zip(rows.leaves, rows.offsets)),
-                           metas=_collate_metas(spec, meta_columns), num_samples=batch)
+        layout = BatchLayout(ref=ref, spec=collated_spec(spec),
+                             leaves=list(zip(rows.leaves, rows.offsets)),
+                             metas=_collate_metas(spec, meta_columns), num_samples=batch)
+        self.getitem_ns += collating.done()
+        return layout
 
     @staticmethod
     def _write_row(rows: _Rows, j: int, arrays: list, checks: list | None = None) -> None:
@@ -479,9 +519,9 @@ def error_message(worker_id: int, exc: BaseException, index: Any) -> ErrorInfo:
 
 def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Failed:
     """Build one task's batch; the answer says where it lies, or why there is none."""
-    start = time.perf_counter()
+    start = perf_counter_ns()
     try:
-        batch = maker.make(task.task_id, task.payload, task.ref, task.seed_epoch)
+        batch = maker.make(task.task_id, task.payload, task.ref, task.seed_epoch, task.trace)
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         return Failed(task_id=task.task_id, epoch=task.epoch,
                       error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
@@ -489,7 +529,8 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
     if batch is None:
         return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref)
     return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
-                busy_s=time.perf_counter() - start, position=maker.position)
+                busy_s=(perf_counter_ns() - start) * 1e-9, position=maker.position,
+                stages=maker.stages, spans=maker.spans)
 
 
 def _started(maker: BatchMaker, worker_id: int, epoch: int, start_error: Any) -> Started:

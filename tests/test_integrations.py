@@ -35,10 +35,11 @@ def loader_pair(dataset, **kwargs):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_accelerate_prepare_keeps_a_pooled_loader(accelerator, num_workers):
+def test_accelerate_prepare_keeps_a_pooled_loader(accelerator, num_workers, tmp_path):
     ref, ours = loader_pair(Structured(37), batch_size=4, shuffle=True,
                             num_workers=num_workers)
     ours.pool_slots = 16  # the test keeps every batch
+    ours.trace_path = str(tmp_path / "run.trace.json")  # as if given to the constructor
     ref, prepared = accelerator.prepare(ref, ours)
     assert isinstance(prepared, PooledLoader)  # accelerate's wrapper, a PooledLoader inside
     inner = prepared.base_dataloader
@@ -52,6 +53,7 @@ def test_accelerate_prepare_keeps_a_pooled_loader(accelerator, num_workers):
             assert b["image"].device == accelerator.device
         del expected, got, a, b
     assert prepared.stats()["batches"] == 20
+    assert (tmp_path / "run.trace.json").exists()  # the rebuilt loader keeps the trace
     # accelerate's bookkeeping for gradient accumulation still runs
     ends = [accelerator.gradient_state.end_of_dataloader for _ in prepared]
     assert ends == [False] * 9 + [True]

@@ -20,7 +20,7 @@ TRIAL_KEYS = {
     "wait_s", "consumer_s", "wait_fraction", "bottleneck", "worker_busy_fraction",
     "worker_busy_mean", "slots", "slots_in_use", "slot_bytes", "pool_bytes", "grown",
     "allocations_after_warmup", "skipped", "peak_rss_worker_mb", "rss_main_mb",
-    "load_avg_1min", "report"}
+    "load_avg_1min", "report", "stage_ms_per_sample"}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,9 @@ def test_tune_cli_writes_json_png_and_a_line_to_paste(folder, tmp_path, capsys):
         assert sorted(busy) == [str(w) for w in range(t["num_workers"])]
         assert all(0.0 < f <= 1.0 for f in busy.values())
         assert t["report"].startswith("PooledLoader: ")
+        stages = t["stage_ms_per_sample"]  # where the workers' time went, per stage
+        assert {"getitem", "decode", "crop_resize", "collate"} <= set(stages)
+        assert all(ms > 0 for ms in stages.values())
     # the first pass of coordinate descent varies every knob (budget allowing at least that)
     assert {t["knob"] for t in trials} >= {"start", "num_workers"}
 

@@ -14,6 +14,10 @@ buffer is a grow-only scratch buffer; the decode buffer is sized for the image's
 (up to 64 MiB) whatever scale is used, so once every image has been seen nothing is allocated per
 sample (see ``stats()``). The last stage writes into the caller's ``out`` when shape and dtype
 match.
+
+Each call books its time per stage on ``pooled_loader.stages.CLOCK`` ("decode", "crop_resize"
+for a resize with what is folded into it, else the op's name: "flip", "normalize", ...), which
+the loader reports in ``stats()["stages"]``: one clock read per stage.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from pooled_loader.stages import CLOCK, perf_counter_ns
 from pooled_loader.vision.base import Box, Op, Resampler, Spec
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,
@@ -79,6 +84,18 @@ def _stages(ops: Sequence[Op]) -> list:
     return stages
 
 
+_STAGE_NAMES = {"RandomHorizontalFlip": "flip", "Normalize": "normalize", "ToCHW": "to_chw"}
+
+
+def stage_name(stage: object) -> str:
+    """The name a stage's time is booked under in ``stats()["stages"]``."""
+    if isinstance(stage, _Resample):
+        return "crop_resize"
+    name = type(stage).__name__
+    return _STAGE_NAMES.get(name) or "".join(
+        f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+
+
 def dct_factor(box: Box, out_hw: tuple[int, int]) -> int:
     """Largest JPEG DCT downscale factor that keeps the box >= out_hw (1 if none does)."""
     bw, bh = box[2], box[3]
@@ -109,6 +126,7 @@ class Compose:
         # the resize a leading DecodeImage is fused with (its box is sampled on the header's size)
         first = self._stages[0] if self._decode and self._stages else None
         self._fused = first if isinstance(first, _Resample) else None
+        self._names = [stage_name(st) for st in self._stages]
         self._reset()
 
     def _reset(self) -> None:
@@ -173,6 +191,7 @@ class Compose:
         if os.getpid() != self._pid:  # a forked worker: its own buffers
             self._reset()
         fused = None
+        start = perf_counter_ns()
         if self._decode:
             hdr = read_header(x)
             full = (hdr.height, hdr.width)
@@ -193,15 +212,17 @@ class Compose:
                 dst = self._dst(-1, spec, out, not self._stages)
                 flat = dst.reshape(-1)
                 img = decode_into(x, hdr, lambda n: flat, fast=self.ops[0].fast)
+            start = CLOCK.add("decode", start, perf_counter_ns())
         else:
             img = np.asarray(x)
             if img.ndim == 2:
                 img = img[:, :, None]
-        return self._run(img, fused, out)
+        return self._run(img, fused, out, start)
 
-    def _run(self, cur: np.ndarray, fused: tuple | None, out: np.ndarray | None) -> np.ndarray:
+    def _run(self, cur: np.ndarray, fused: tuple | None, out: np.ndarray | None,
+             start: int) -> np.ndarray:
         """Stages from the first; ``fused``: (box on cur, output hw, full-size hw) already
-        sampled for stage 0 by the fused decode."""
+        sampled for stage 0 by the fused decode; ``start``: the clock when stage 0 began."""
         spec = Spec(cur.shape, cur.dtype, "HWC")
         n = len(self._stages)
         for k, st in enumerate(self._stages):
@@ -229,6 +250,7 @@ class Compose:
                 nspec = self._plan(k, spec)
                 dst = self._dst(k, nspec, out, last)
                 st.apply(cur, dst, params, spec)
+            start = CLOCK.add(self._names[k], start, perf_counter_ns())
             cur, spec = dst, nspec
         if cur is out:
             return out
