@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
+from .stateful import follows_stateful
+
 FORMAT = "pooled_loader.resume/1"
 
 # torchdata StatefulDataLoader's key names (stateful_dataloader.py), reused so that both layouts
@@ -60,9 +62,8 @@ class StateMismatch(ValueError):
 
 
 def has_state(obj: Any) -> bool:
-    """Duck-typed torchdata `Stateful`: has both `state_dict` and `load_state_dict`."""
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None))
+    """torchdata's `Stateful`: `state_dict()` and `load_state_dict(state)` (`stateful.py`)."""
+    return follows_stateful(obj)
 
 
 # -- per-sample seeds -----------------------------------------------------------------------------

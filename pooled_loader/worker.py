@@ -114,6 +114,7 @@ class BatchMaker:
         self.items = 0  # iterable: items taken from this epoch's iterator
         self.batches = 0  # iterable: batches built this epoch (for snapshot_every)
         self.position: StreamPosition | None = None  # iterable: after the last batch built
+        self.ended = False  # iterable: this epoch's iterator raised StopIteration
 
     # -- fetching samples ------------------------------------------------------------------------
     def reset_iterator(self, stream: dict | None = None) -> None:
@@ -121,6 +122,7 @@ class BatchMaker:
         the dataset's state, then iter(), then the iterator's state (torchdata's order), then
         the items consumed after that state are skipped."""
         self.items = self.batches = 0
+        self.ended = False
         if not self.cfg.iterable:
             self.iterator = None
             return
@@ -144,9 +146,12 @@ class BatchMaker:
         if self.cfg.per_sample_seed:
             seed_globals(sample_seed(self.cfg.base_seed, self.seed_epoch,
                                      (self.worker_id << 40) + self.items))
+        if self.ended:  # as DataLoader's fetcher: an ended iterator is not asked again
+            return None
         try:
             item = next(self.iterator)
         except StopIteration:
+            self.ended = True
             return None
         self.items += 1
         return (item,)
