@@ -30,6 +30,8 @@ from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .interrupts import ignore_sigint_in_worker
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, metas_in_sequences, place, same_structure)
+from .columns import flat_columns, write_column
+from .mismatch import mismatch_message
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        SetEpoch, Slot, StreamPosition, Task)
 from .resume import has_state, sample_seed, seed_globals
@@ -58,6 +60,7 @@ class WorkerConfig:
     resume_streams: dict[int, dict] | None = None  # iterable: where each worker's stream resumes
     close_in_child: list[int] = field(default_factory=list)
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
+    pass_collated: bool = False  # in-process, nothing pinned: a custom collate's output as is
 
 
 class _Rows(NamedTuple):
@@ -67,6 +70,13 @@ class _Rows(NamedTuple):
     offsets: list[int]
     views: list[np.ndarray]
     nbytes: int
+
+
+class Collated(NamedTuple):
+    """A custom collate's output handed out as it is (``WorkerConfig.pass_collated``)."""
+
+    batch: Any
+    num_samples: int
 
 
 class SampleFailure(Exception):
@@ -104,6 +114,11 @@ class BatchMaker:
         self.dataset_len = None
         self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
                          and callable(getattr(cfg.dataset, "getitem_into", None)))
+        # DataLoader's _MapDatasetFetcher: a batch through __getitems__ when the dataset has it
+        # (per-sample seeds and getitem_into need one sample at a time)
+        getitems = getattr(cfg.dataset, "__getitems__", None)
+        self.getitems = (getitems if not cfg.iterable and cfg.auto_collation and getitems
+                         and not self.use_into and not cfg.per_sample_seed else None)
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -181,6 +196,26 @@ class BatchMaker:
                 raise SampleFailure(index) from exc
             return self._replace(index, exc, out)
 
+    def _fetch_batch(self, indices: Any) -> list:
+        """The samples of a batch: through `__getitems__` as DataLoader does, or one by one.
+        With on_error="skip", a failing `__getitems__` is retried sample by sample."""
+        if self.getitems is None:
+            return [self._fetch(i) for i in indices]
+        self.current_index = indices
+        try:
+            return self.getitems(indices)
+        except Exception as exc:
+            if self.cfg.on_error != "skip":
+                raise SampleFailure(indices) from exc
+        return [self._fetch(i) for i in indices]
+
+    def _collated(self, task_id: int, batch: Any, ref: SlotRef,
+                  num_samples: int) -> BatchLayout | Collated:
+        """A custom collate's output: copied into the slot, or as is in-process."""
+        if self.cfg.pass_collated:
+            return Collated(batch, num_samples)
+        return self._write_tree(task_id, batch, ref, convert=False)
+
     def _replace(self, index: Any, exc: Exception, out: Any) -> Any:
         """on_error="skip": draw replacement samples, reproducibly from the seed and the index."""
         self.skipped.append((index, f"{type(exc).__name__}: {exc}"))
@@ -217,7 +252,7 @@ class BatchMaker:
 
     # -- building ---------------------------------------------------------------------------------
     def make(self, task_id: int, payload: Any, ref: SlotRef,
-             seed_epoch: int = 0) -> BatchLayout | None:
+             seed_epoch: int = 0) -> BatchLayout | Collated | None:
         """Fill `ref` with the batch of `payload`; returns where it lies (the slot may have been
         swapped for a bigger one), or None at the end of an iterable dataset."""
         self.skipped = []
@@ -234,20 +269,25 @@ class BatchMaker:
             snapshot = self._snapshot() if every and self.batches % every == 0 else None
             self.position = StreamPosition(items=self.items, snapshot=snapshot)
             if self.cfg.collate_fn is not None:
+                self.current_index = None  # a collate error is no sample's
                 batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
                     self.cfg.collate_fn(samples[0])
-                return self._write_tree(task_id, batch, ref, convert=False)
+                return self._collated(task_id, batch, ref, len(samples))
             if not self.cfg.auto_collation:
                 return self._write_tree(task_id, samples[0], ref, convert=True)
             return self._collate(task_id, samples, ref, fetch=None)
         if not self.cfg.auto_collation:
             sample = self._fetch(payload)
             if self.cfg.collate_fn is not None:
-                return self._write_tree(task_id, self.cfg.collate_fn(sample), ref, convert=False)
+                self.current_index = None
+                return self._collated(task_id, self.cfg.collate_fn(sample), ref, 1)
             return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            batch = self.cfg.collate_fn([self._fetch(i) for i in payload])
-            return self._write_tree(task_id, batch, ref, convert=False)
+            samples = self._fetch_batch(payload)
+            self.current_index = None
+            return self._collated(task_id, self.cfg.collate_fn(samples), ref, len(samples))
+        if self.getitems is not None:
+            return self._collate_columns(task_id, self._fetch_batch(payload), ref, payload)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
@@ -282,8 +322,10 @@ class BatchMaker:
 
     def _collate(self, task_id: int, items: list, ref: SlotRef,
                  fetch: Callable | None) -> BatchLayout:
-        """default_collate, writing sample j's leaves straight into row j of each batch leaf."""
+        """default_collate, writing sample j's leaves straight into row j of each batch leaf
+        (`items`: indices to `fetch`, or the samples)."""
         batch = len(items)
+        names = items if fetch is not None else range(batch)
         slot = self.arenas.slot(ref)
         rows = self._rows(slot, self._leaves, batch) if (self._leaves and self.use_into) else None
         guess = rows
@@ -326,11 +368,8 @@ class BatchMaker:
                 else:
                     self._write_row(rows, j, s_arrays, checks)
             except StructureMismatch:
-                raise RuntimeError(
-                    "default_collate: every sample of a batch must have the same structure and "
-                    f"array shapes/dtypes, but sample {items[j] if fetch else j} differs from "
-                    f"sample {items[0] if fetch else 0}: "
-                    f"{_describe(sample)} vs {_describe(first)}") from None
+                self.current_index = None  # the message names both samples
+                raise RuntimeError(mismatch_message(first, sample, names[0], names[j])) from None
             for col, m in zip(meta_columns, s_metas):
                 col.append(m)
         if pending is not None:
@@ -342,6 +381,45 @@ class BatchMaker:
         return BatchLayout(ref=ref, spec=collated_spec(spec),
                            leaves=list(zip(rows.leaves, rows.offsets)),
                            metas=_collate_metas(spec, meta_columns), num_samples=batch)
+
+    def _collate_columns(self, task_id: int, samples: list, ref: SlotRef,
+                         names: Any) -> BatchLayout:
+        """default_collate of samples already in memory, one stack per leaf (`columns.py`)."""
+        batch = len(samples)
+        arrays: list = []
+        metas: list = []
+        spec = flatten(samples[0], arrays, metas, numbers=True)
+        leaves = [leaf_of(a, numbers=True) for a in arrays]
+        flat = flat_columns(spec, samples)
+        columns, meta_columns = flat or ([[a] for a in arrays], [[m] for m in metas])
+        for j in range(1 if flat is None else batch, batch):
+            s_arrays: list = []
+            s_metas: list = []
+            try:
+                extract(spec, samples[j], s_arrays, s_metas)
+                if len(s_arrays) != len(leaves):
+                    raise StructureMismatch
+            except StructureMismatch:
+                self._mismatch(samples, names, j)
+            for col, value in zip(columns, s_arrays):
+                col.append(value)
+            for col, m in zip(meta_columns, s_metas):
+                col.append(m)
+        total = place([_collated_leaf(l, batch) for l in leaves])[1]
+        if total > ref.nbytes:
+            ref = self.request_slot(task_id, total, ref)
+        rows = self._rows(self.arenas.slot(ref), leaves, batch)
+        for view, leaf, out_leaf, column in zip(rows.views, leaves, rows.leaves, columns):
+            bad = write_column(view, leaf, out_leaf, column, _leaf_check(column[0], leaf))
+            if bad is not None:
+                self._mismatch(samples, names, bad)
+        return BatchLayout(ref=ref, spec=collated_spec(spec),
+                           leaves=list(zip(rows.leaves, rows.offsets)),
+                           metas=_collate_metas(spec, meta_columns), num_samples=batch)
+
+    def _mismatch(self, samples: list, names: Any, j: int) -> None:
+        self.current_index = None  # the message names both samples
+        raise RuntimeError(mismatch_message(samples[0], samples[j], names[0], names[j]))
 
     @staticmethod
     def _write_row(rows: _Rows, j: int, arrays: list, checks: list | None = None) -> None:
@@ -395,13 +473,6 @@ def _leaf_check(first: Any, leaf: Leaf) -> Callable[[Any], np.ndarray]:
             value = value.view(storage)
         return value
     return check_array
-
-
-def _describe(sample: Any) -> str:
-    arrays: list = []
-    metas: list = []
-    flatten(sample, arrays, metas, numbers=True)
-    return str([(tuple(l.shape), l.dtype) for l in map(lambda a: leaf_of(a, True), arrays)])
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
