@@ -45,6 +45,9 @@ pinned), so keeping only them does not keep the slot from reuse."""
 
 SMALL_LEAF_SHARE = 16
 
+SMALL_BATCH_BYTES = 4096
+"""Bytes. A batch whose leaves total at most this is copied out of its slot whole."""
+
 DEFAULT_POOL_EXTRA_SLOTS = 2
 """Slots. Pool slots beyond the batches in flight: the batch the training step is using and the one
 the loader hands out next, so workers never wait for a slot in a loop that drops its batches."""

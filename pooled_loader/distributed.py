@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler
 
-__all__ = ["rank_and_world", "make_distributed_sampler", "splits_by_rank",
+__all__ = ["rank_and_world", "make_distributed_sampler", "shards_by_rank",
            "warn_if_undistributed"]
 
 _warned_undistributed = False
@@ -66,7 +66,7 @@ def make_distributed_sampler(
     )
 
 
-def splits_by_rank(*samplers: Any) -> bool:
+def shards_by_rank(*samplers: Any) -> bool:
     """Whether any of these samplers, batch samplers, or the samplers inside them, gives each
     rank its own share: torch's ``DistributedSampler`` (and Lightning's wrappers of it), or any
     sampler with ``num_replicas``/``rank`` or ``num_processes``/``process_index`` (accelerate's
@@ -86,10 +86,10 @@ def splits_by_rank(*samplers: Any) -> bool:
 def warn_if_undistributed(shuffle: bool, sampler: Optional[Sampler],
                           batch_sampler: Any = None) -> bool:
     """Warn (once per process) when ``torch.distributed`` runs with more than one rank,
-    ``shuffle=True`` and neither sampler splits by rank (:func:`splits_by_rank`): every rank
+    ``shuffle=True`` and neither sampler shards by rank (:func:`shards_by_rank`): every rank
     would then see the whole dataset. Returns whether it warned on this call."""
     global _warned_undistributed
-    if _warned_undistributed or not shuffle or splits_by_rank(sampler, batch_sampler):
+    if _warned_undistributed or not shuffle or shards_by_rank(sampler, batch_sampler):
         return False
     if not _dist_ready() or dist.get_world_size() < 2:
         return False

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, IterableDataset, IterDataPipe, MapDataP
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data.graph_settings import apply_sharding
 
-from .constants import DEFAULT_PREFETCH_FACTOR, SMALL_LEAF_BYTES, SMALL_LEAF_SHARE
+from .constants import (DEFAULT_PREFETCH_FACTOR, SMALL_BATCH_BYTES, SMALL_LEAF_BYTES,
+                        SMALL_LEAF_SHARE)
 from .errors import PoolAllocationError, WorkerError
 from .interrupts import install_interrupt_guard, signals_held_for_start
 from .layout import unflatten
@@ -248,8 +249,9 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         # Kept labels must not keep the slot of the images (README, "Kept batches are safe")
         small = 0
         if self._small_copied:
-            small = min(SMALL_LEAF_BYTES, sum(leaf.nbytes for leaf, _ in layout.leaves)
-                        // SMALL_LEAF_SHARE)
+            total = sum(leaf.nbytes for leaf, _ in layout.leaves)
+            small = total if total <= SMALL_BATCH_BYTES else min(SMALL_LEAF_BYTES,
+                                                                  total // SMALL_LEAF_SHARE)
         for leaf, off in layout.leaves:
             raw = base[off:off + leaf.nbytes]
             if leaf.nbytes <= small:
