@@ -1,8 +1,9 @@
 """Writing a batch column by column: samples already in memory (a dataset's `__getitems__`)
-are stacked into their slot one leaf at a time, by one `torch.stack`/`numpy.stack` call per leaf
-instead of a copy per sample and leaf. The values of a column must all be tensors (or all
-ndarrays) of the first sample's shape and dtype; anything else goes the row-by-row way, which
-converts numbers and checks every value (see ``worker._leaf_check``)."""
+are stacked into their slot one leaf at a time, by one `torch.stack`/`numpy.stack` call and one
+copy per leaf instead of a copy per sample and leaf (cheaper than checking every value in
+Python first). A column whose values are not all tensors (or all ndarrays) of the first
+sample's shape and dtype goes the row-by-row way, which converts numbers and checks every value
+(see ``worker._leaf_check``) and names the sample that differs."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -16,40 +17,63 @@ __all__ = ["flat_columns", "write_column"]
 
 
 def flat_columns(spec: tuple, samples: list) -> tuple[list, list] | None:
-    """(leaf columns, other columns) of samples that are flat dicts with the first one's keys,
-    one pass per key; None when they are not (the caller then walks each sample's tree)."""
+    """(leaf columns, other columns) of samples that are dicts with (at least) the first one's
+    keys, one pass per key (default_collate also reads only the first sample's keys); None when
+    they are not (the caller then walks each sample's tree and says where it differs)."""
     if spec[0] != "map" or spec[1] is not dict or any(c[0] not in ("leaf", "meta")
                                                          for c in spec[3]):
         return None
-    keys = spec[2]
-    first = samples[0].keys()
-    if not all(type(s) is dict and s.keys() == first for s in samples):
+    try:
+        columns = [[s[k] for s in samples] for k in spec[2]]
+    except (KeyError, TypeError, IndexError):
         return None
-    columns = [[s[k] for s in samples] for k in keys]
     leaves = [None] * sum(c[0] == "leaf" for c in spec[3])
-    metas = [None] * (len(keys) - len(leaves))
+    metas = [None] * (len(columns) - len(leaves))
     for (kind, i), column in zip(spec[3], columns):
         (leaves if kind == "leaf" else metas)[i] = column
     return leaves, metas
 
 
-def _uniform(column: list, kind: type, shape: tuple, dtype: Any) -> bool:
-    return all(type(v) is kind and v.shape == shape and v.dtype == dtype for v in column)
+def _stacked(column: list, first: Any) -> Any:
+    """All of `column` stacked by one call, or None when its values are not all arrays of the
+    first one's type, shape and dtype (stacking would fail, promote or convert)."""
+    try:
+        if type(first) is torch.Tensor:
+            with torch.no_grad():
+                result = torch.stack(column)
+            ok = type(result) is torch.Tensor and result.dtype == first.dtype
+        elif type(first) is np.ndarray:
+            result = np.stack(column)
+            ok = result.dtype == first.dtype and all(type(v) is np.ndarray for v in column)
+        elif isinstance(first, np.generic):
+            result = np.array(column)
+            ok = result.dtype == first.dtype and result.ndim == 1
+        elif type(first) in (int, float, bool):
+            kind = type(first)
+            if not all(type(v) is kind for v in column):
+                return None
+            return column  # numbers: numpy converts the list as it writes it
+        else:
+            return None
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return result if ok and result.shape[1:] == first.shape else None
 
 
-def write_column(view: np.ndarray, leaf: Leaf, out_leaf: Leaf, column: list,
+def write_column(view: np.ndarray, out_leaf: Leaf, column: list,
                  check: Callable[[Any], np.ndarray]) -> int | None:
     """Write `column` (one value per sample) into `view` ([batch, ...] in the slot). Returns
     the position of the first value that does not fit the first one, or None when all did."""
-    first = column[0]
-    if type(first) is torch.Tensor and _uniform(column, torch.Tensor, first.shape, first.dtype) \
-            and first.device.type == "cpu":
-        out = torch.from_numpy(view).view(getattr(torch, out_leaf.dtype))
-        torch.stack([v.detach() for v in column] if first.requires_grad else column, out=out)
-        return None
-    if type(first) is np.ndarray and _uniform(column, np.ndarray, first.shape, first.dtype) \
-            and first.dtype == view.dtype:
-        np.stack(column, out=view)
+    stacked = _stacked(column, column[0])
+    if stacked is not None:
+        if isinstance(stacked, torch.Tensor):
+            out = torch.from_numpy(view).view(getattr(torch, out_leaf.dtype))
+            out.copy_(stacked)
+        elif isinstance(stacked, list):
+            view[:] = stacked
+        else:
+            np.copyto(view, stacked.view(view.dtype) if stacked.dtype != view.dtype else stacked,
+                      casting="no")
         return None
     for j, value in enumerate(column):
         try:

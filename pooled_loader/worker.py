@@ -410,7 +410,7 @@ class BatchMaker:
             ref = self.request_slot(task_id, total, ref)
         rows = self._rows(self.arenas.slot(ref), leaves, batch)
         for view, leaf, out_leaf, column in zip(rows.views, leaves, rows.leaves, columns):
-            bad = write_column(view, leaf, out_leaf, column, _leaf_check(column[0], leaf))
+            bad = write_column(view, out_leaf, column, _leaf_check(column[0], leaf))
             if bad is not None:
                 self._mismatch(samples, names, bad)
         return BatchLayout(ref=ref, spec=collated_spec(spec),
