@@ -8,7 +8,8 @@ leaves (labels) out of their slot costs.
 Each round times one epoch of every loader of a case in this process, the order alternating
 between rounds (after one warm-up epoch each; workers are persistent); the figure is the
 median over rounds of DataLoader's epoch time over PooledLoader's (above 1.0: PooledLoader is
-faster), with the spread of the per-round ratios.
+faster), with the spread of the per-round ratios: wall time, and with 0 workers also the
+process's CPU time, which other jobs on a shared machine disturb far less.
 """
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ class Images(Dataset):
         return np.full((3, 64, 64), i % 251, np.uint8), i
 
 
-def epoch(loader) -> float:
-    start = time.perf_counter()
+def epoch(loader) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of one epoch."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in loader:
         pass
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def small_leaves(copied: bool):
@@ -73,10 +75,10 @@ def small_leaves(copied: bool):
     def run() -> float:
         it = iter(loader)
         it._small_copied = copied
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in it:
             pass
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
     return run
 
 
@@ -100,16 +102,19 @@ def measure(name: str, workers: int, rounds: int) -> None:
     runs = {k: (v if callable(v) else (lambda v=v: epoch(v))) for k, v in loaders.items()}
     for run in runs.values():
         run()  # warm-up: workers start, the pool reaches its size
-    times: dict[str, list[float]] = {k: [] for k in runs}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
     order = list(runs)
     for r in range(rounds):
         for k in (order if r % 2 == 0 else order[::-1]):
             times[k].append(runs[k]())
-    ratios = [a / b for a, b in zip(times["DataLoader"], times["PooledLoader"])]
     label = {"small": "labels not copied / copied"}.get(name, "DataLoader / PooledLoader")
-    print(f"{name:9s} workers={workers}  {label}: median {statistics.median(ratios):.2f}x "
-          f"(rounds {min(ratios):.2f}-{max(ratios):.2f}); epoch s: "
-          + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in times.items()))
+    # wall time; with 0 workers also the main process's CPU time (less disturbed by other jobs)
+    for what, col in (("wall", 0), ("cpu", 1)) if workers == 0 else (("wall", 0),):
+        ratios = [a[col] / b[col] for a, b in zip(times["DataLoader"], times["PooledLoader"])]
+        print(f"{name:9s} workers={workers} {what:4s} {label}: median "
+              f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}); "
+              "epoch s: " + ", ".join(f"{k} {statistics.median(t[col] for t in v):.3f}"
+                                      for k, v in times.items()))
 
 
 def main() -> None:
