@@ -1,10 +1,11 @@
 """Distributed helpers: who am I, and how the loader splits a map-style dataset across ranks.
 
 ``PooledLoader(..., distributed=True)`` builds its sampler with :func:`make_distributed_sampler`
-(a plain ``torch.utils.data.DistributedSampler``: every rank gets ``ceil(len / world)`` indices,
-padded by repetition unless ``drop_last``, reshuffled by ``sampler.set_epoch``).
-:func:`warn_if_undistributed` (at a loader's first ``iter()``, when accelerate or Lightning have put
-their own sampler in) is the loader's guard against the common mistake of running DDP
+(``elastic.ElasticDistributedSampler``: torch's ``DistributedSampler``, every rank gets
+``ceil(len / world)`` indices, padded by repetition unless ``drop_last``, reshuffled by
+``sampler.set_epoch``, and its epoch can be resumed on another world size).
+:func:`warn_if_undistributed` (at a loader's first ``iter()``, when accelerate or Lightning
+have put their own sampler in) is the loader's guard against the common mistake of running DDP
 with ``shuffle=True`` and no distributed sampler, where every rank trains on the whole dataset.
 
 Iterable datasets split themselves; :class:`pooled_loader.webdataset.WebDataset` does so with
@@ -60,8 +61,9 @@ def make_distributed_sampler(
             "distributed=True needs a map-style dataset (or an IterableDataset that splits "
             f"itself across ranks and sets splits_by_rank = True); got {type(dataset).__name__}"
         )
+    from .elastic import ElasticDistributedSampler  # torch's order, resumable on any world size
     rank, world = rank_and_world()
-    return DistributedSampler(
+    return ElasticDistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
     )
 

@@ -21,6 +21,11 @@ class PoolAllocationError(MemoryError):
     names the limit in force (``ulimit -v``, ``ulimit -n``, ...) and what to change."""
 
 
+class StateMismatch(ValueError):
+    """A saved loader state that does not fit this loader (or is corrupt); the message says
+    what (also as ``pooled_loader.resume.StateMismatch``)."""
+
+
 class ClassMismatchError(ValueError):
     """Two datasets (an ImageFolder and shards or a cache made from a folder) number their
     classes differently, so the same label would mean different classes."""

@@ -35,7 +35,8 @@ from .constants import (DEFAULT_PREFETCH_FACTOR, SMALL_BATCH_BYTES, SMALL_LEAF_B
 from .errors import PoolAllocationError, WorkerError
 from .interrupts import install_interrupt_guard, signals_held_for_start
 from .layout import unflatten
-from .messages import BatchLayout, Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Task
+from .messages import (BatchLayout, Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Started,
+                       Task)
 from .pool import ArenaMap, SlotRef
 from .processes import (describe_exit, timeout_message, _check_fd_headroom, _forget_arena_hook,
                         _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
@@ -136,6 +137,9 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
             self._datapipe_group = dist.new_group(backend="gloo")
         self._shared_seed = self._seed_datapipe(loader)
         self._cursor = None if self._iterable else SamplerCursor(self._index_sampler)
+        # distributed=True with per_sample_seed: samples are seeded from the sampler's seed and
+        # epoch, the same on every rank and world size (an elastic resume is bit-identical)
+        self._elastic = loader._elastic_sampler() if loader.per_sample_seed else None
         self._seed = 0
         self._seed_epoch = 0
         self._resumed = self._begin_epoch(loader, first=True)
@@ -185,30 +189,58 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
     def _begin_epoch(self, loader: PooledLoader, first: bool) -> Resume | None:
         """Start the sampler and the position of an epoch, from a loaded state if there is one
         (returned). Without one: the sampler first, then (first epoch) the base seed, as
-        DataLoader does (even without workers), so a seeded generator gives its exact order."""
+        DataLoader does (even without workers), so a seeded generator gives its exact order.
+
+        With one, as StatefulDataLoader: a loaded state makes a new iterator, which draws a base
+        seed (discarded for the saved one) before the sampler starts, so a sampler drawing from
+        torch's global RNG after `torch.manual_seed` takes the seed it took in the saved run. A
+        state saved at an epoch's end replays that epoch's sampler pass to its end (a generator
+        moves on as it did), keeps the datasets' end states where DataLoader keeps datasets
+        between epochs (in this process with 0 workers; in persistent workers), and starts the
+        next epoch."""
         resume = loader._take_resume()
-        if resume is not None and resume.finished:
-            resume = None  # the saved epoch had ended: this is a fresh full epoch
         if resume is not None:
+            _base_seed(loader)
+        persistent = self._num_workers > 0 and loader.persistent_workers
+        restore = None
+        if resume is not None and not resume.finished:
             self._seed, self._seed_epoch = resume.base_seed, resume.epoch
             self._sampler_iter = None if self._iterable else self._cursor.restore(
                 resume.sampler_state, resume.sampler_skip)
+            restore = resume.stream_dicts()
         else:
+            if resume is not None:  # saved at the end of its epoch
+                if not self._iterable:
+                    for _ in self._cursor.restore(resume.sampler_state, resume.sampler_skip):
+                        pass
+                if persistent or self._num_workers == 0:
+                    restore = resume.stream_dicts(new_epoch=True)
             self._sampler_iter = None if self._iterable else iter(self._index_sampler)
-            if first:
-                self._seed = _base_seed(loader)
+            if resume is not None and persistent:
+                self._seed, self._seed_epoch = resume.base_seed, resume.epoch + 1
+            elif first or resume is not None:
+                self._seed, self._seed_epoch = _base_seed(loader), 0
             else:
                 self._seed_epoch += 1
         self._progress = Progress.starting(
             iterable=self._iterable, num_workers=loader.num_workers, base_seed=self._seed,
-            epoch=self._seed_epoch, snapshot_every=loader.snapshot_every_n_steps, resume=resume)
+            epoch=self._seed_epoch, snapshot_every=loader.snapshot_every_n_steps,
+            resume=None if resume is None or resume.finished else resume, restore=restore)
         self._progress.deferred = getattr(self, "_deferred", False)
         self._position = self._progress.delivered_prefix  # the next task's place in the epoch
         self._peeked: tuple[int, Any] | None = None
-        if not self._iterable:
-            self._progress.prime = weakref.WeakMethod(self._prime_sampler)
+        self._progress.prepare = weakref.WeakMethod(self._prepare_state)
         loader._progress = self._progress
         return resume
+
+    def _sample_epoch(self) -> int:
+        """The epoch per-sample seeds are drawn for."""
+        return self._elastic.epoch if self._elastic is not None else self._seed_epoch
+
+    def _prepare_state(self) -> None:
+        """Before a state is taken: start the sampler's pass (see `_prime_sampler`)."""
+        if not self._iterable and self._progress.sampler_snapshot == (0, None):
+            self._prime_sampler()
 
     def _prime_sampler(self) -> None:
         """Asked for a state before the first task: draw the first indices now, so that the
@@ -283,12 +315,14 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 
 def _worker_config(loader: PooledLoader, iterable: bool, seed: int, *,
                    worker_init_fn: Callable | None, start_method: str) -> WorkerConfig:
+    elastic = loader._elastic_sampler() if loader.per_sample_seed else None
     return WorkerConfig(dataset=loader.dataset, iterable=iterable,
                         auto_collation=loader._auto_collation, batch_size=loader.batch_size,
                         drop_last=loader.drop_last, collate_fn=loader._pooled_collate(),
                         worker_init_fn=worker_init_fn, num_workers=loader.num_workers,
                         base_seed=seed, on_error=loader.on_error, start_method=start_method,
                         per_sample_seed=loader.per_sample_seed,
+                        sample_base=None if elastic is None else elastic.seed,
                         snapshot_every=loader.snapshot_every_n_steps)
 
 
@@ -323,6 +357,7 @@ class InProcessIter(_IterBase):
             apply_sharding(loader.dataset, world_size, rank)
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
         self._maker.reset_iterator(self._progress.resume_stream(0))
+        self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
         self._task = 0
 
     def _release(self, ref: SlotRef | None) -> None:
@@ -347,7 +382,7 @@ class InProcessIter(_IterBase):
                 raise
         ref = None if self._maker.cfg.pass_collated else self._pool.acquire()
         try:
-            result = self._maker.make(self._task, payload, ref, self._seed_epoch)
+            result = self._maker.make(self._task, payload, ref, self._sample_epoch())
         except SampleFailure as failure:
             self._release(ref)
             raise failure.__cause__ from None
@@ -367,7 +402,7 @@ class InProcessIter(_IterBase):
         if self._iterable:
             self._progress.delivered_batch(0, self._maker.position)
         else:
-            self._progress.delivered_task(position)
+            self._progress.delivered_task(position, 0, self._maker.position)
         self._mark_wait(started)
         self._check_length()
         return batch
@@ -394,12 +429,14 @@ class WorkerIter(_IterBase):
                                    worker_init_fn=worker_init_fn,
                                    start_method=self._ctx.get_start_method())
         self._cfg.shared_seed = self._shared_seed
-        self._cfg.resume_streams = self._progress.resume_streams()
         self._epoch = 0
+        self._stopped = False
         self._start_workers()
 
     # -- workers -----------------------------------------------------------------------------
     def _start_workers(self) -> None:
+        self._cfg.resume_streams = self._progress.restore
+        self._cfg.epoch = self._epoch
         _check_fd_headroom(self._num_workers)
         lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
         self._cfg.close_in_child = [lifeline_w.fileno()]
@@ -430,7 +467,7 @@ class WorkerIter(_IterBase):
         # What torch's own tests (and tools written against DataLoader) look at: the processes.
         self._workers = [w.process for w in workers]
         self._lifeline = lifeline_w
-        self._broken = False
+        self._broken = self._stopped = False
         self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w, os.getpid())
         self._retire_hook = _forget_arena_hook(workers)
         self._pool.on_retire_arena.append(self._retire_hook)
@@ -454,6 +491,7 @@ class WorkerIter(_IterBase):
             w.outstanding = 0
 
     def _stop(self) -> None:
+        self._stopped = True
         if hasattr(self, "_worker_states"):
             if self._retire_hook in self._pool.on_retire_arena:
                 self._pool.on_retire_arena.remove(self._retire_hook)
@@ -495,13 +533,13 @@ class WorkerIter(_IterBase):
         self._reset_length_check(loader)
         self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(loader)
         seed_before = self._seed
-        self._begin_epoch(loader, first=False)
-        streams = self._progress.resume_streams()
-        self._cfg.resume_streams = streams
-        # Workers seeded from another base seed would not give the saved epoch's randomness.
+        resume = self._begin_epoch(loader, first=False)
+        # Workers seeded from another base seed would not give the saved epoch's randomness, and
+        # a loaded state, as in StatefulDataLoader, starts fresh workers (fresh copies of the
+        # dataset, RNGs seeded anew) that restore it.
         self._cfg.base_seed = self._seed
         if (self._broken or any(not p.is_alive() for p in self._workers)
-                or self._seed != seed_before):
+                or self._seed != seed_before or resume is not None):
             self._stop()
             self._start_workers()
             return
@@ -512,9 +550,21 @@ class WorkerIter(_IterBase):
         for w in self._worker_states:
             if loader._epoch is not None and hasattr(loader.dataset, "set_epoch"):
                 w.conn.send(SetEpoch(epoch=loader._epoch))
-            if self._iterable:
-                w.conn.send(Reset(shared_seed=self._shared_seed,
-                                  stream=(streams or {}).get(w.id)))
+            w.conn.send(Reset(epoch=self._epoch, shared_seed=self._shared_seed))
+
+    def _prepare_state(self) -> None:
+        """Before a state is taken: also wait for the start state of every worker that has not
+        sent it yet (it does so as soon as its epoch starts), as StatefulDataLoader waits for
+        its workers' start-up states."""
+        super()._prepare_state()
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while not (self._stopped or self._broken) and any(
+                w.id not in self._progress.started_workers for w in self._worker_states):
+            try:
+                self._receive(deadline)
+            except BaseException as exc:
+                self._stop_on_interrupt(exc)
+                raise
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
@@ -548,11 +598,15 @@ class WorkerIter(_IterBase):
             self._task_info[task_id] = (position, worker.id)
             try:
                 worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload,
-                                      ref=ref, seed_epoch=self._seed_epoch))
+                                      ref=ref, seed_epoch=self._sample_epoch()))
             except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
                 self._worker_died(worker)
 
-    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot) -> None:
+    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | Started) -> None:
+        if type(msg) is Started:
+            if msg.epoch == self._epoch:  # not an abandoned epoch's
+                self._progress.stream_started(msg.worker_id, msg.snapshot, msg.items)
+            return
         if type(msg) is NeedSlot:
             self._pool.release(msg.old)
             ref = self._pool.acquire(msg.nbytes)
@@ -634,7 +688,7 @@ class WorkerIter(_IterBase):
                 if self._iterable:
                     self._progress.delivered_batch(worker_id, answer.position)
                 else:
-                    self._progress.delivered_task(position)
+                    self._progress.delivered_task(position, worker_id, answer.position)
                 self._mark_wait(started)
                 self._check_length()
                 return batch

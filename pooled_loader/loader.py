@@ -20,7 +20,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from .constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
 from .iterators import HostTransformIter, InProcessIter, WorkerIter, _HandedOut
 from .pool import SlotPool
-from .resume import Progress, ResumableRandomSampler, Resume, StateMismatch, fresh_state, parse
+from .resume import Limits, Progress, ResumableRandomSampler, Resume, StateMismatch, parse
 from .stats import LoaderStats, report_text
 from .yielded import expose, honour_adjustment
 
@@ -122,6 +122,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
+        self._state_iterator: Iterator | None = None  # made by state_dict() before any iter()
         from .integrations import maybe_patch_accelerate
         maybe_patch_accelerate()  # so that accelerator.prepare(self) keeps a PooledLoader
 
@@ -148,32 +149,89 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                 check.update(world_size=part.num_replicas, rank=part.rank)
         return check
 
+    def _state_limits(self) -> Limits:
+        def length(obj: Any) -> int | None:
+            try:
+                return len(obj)
+            except (TypeError, NotImplementedError):
+                return None
+        iterable = isinstance(self.dataset, IterableDataset)
+        return Limits(index_len=None if iterable else length(self._index_sampler),
+                      dataset_len=length(self.dataset) if iterable else None,
+                      batch_size=self.batch_size if self._auto_collation else 1,
+                      num_workers=self.num_workers)
+
     def state_dict(self) -> dict:
         """The position after the last batch handed to the training loop (not what workers have
         prefetched), as plain JSON-serialisable data (as long as your sampler's and dataset's own
-        `state_dict` are). Cheap: no worker is asked at this point."""
+        `state_dict` are). Cheap: no worker is asked at this point.
+
+        Before the first `iter()`, as StatefulDataLoader does, the iterator that `iter()` will
+        return is made now (its base seed drawn, its sampler's pass and its workers started), so
+        the state records the shuffle and seeds of the epoch that follows."""
+        if self._progress is None and self._resume_raw is None:
+            self._state_iterator = self._get_iterator()
+            if self.persistent_workers and self.num_workers > 0:
+                self._iterator = self._state_iterator
         if self._progress is not None:
             state = self._progress.state(self._state_check())
             state["_pooled"]["loader_epoch"] = self._epoch
+            elastic = self._elastic_sampler()
+            if elastic is not None:  # what merge_rank_states needs besides the counts
+                state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
+                                               "shuffle": elastic.shuffle}
             return expose(state)
-        if self._resume_raw is not None:
-            return copy.deepcopy(self._resume_raw)
-        state = fresh_state(self._state_check(), self.num_workers)
-        state["_pooled"]["loader_epoch"] = self._epoch
-        return expose(state)
+        return copy.deepcopy(self._resume_raw)
+
+    def _elastic_sampler(self) -> Any:
+        from .elastic import ElasticDistributedSampler
+        for part in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(part, ElasticDistributedSampler):
+                return part
+        return None
+
+    def _load_elastic(self, state: dict, sampler: Any) -> bool:
+        """A merged state (`elastic.merge_rank_states`), or one rank's state from another world
+        size or rank: the rest of its epoch, re-dealt to this rank of this world size. False
+        when `state` is this rank's own state (the exact path)."""
+        from .elastic import check_merged, is_merged, merge_rank_states, plan_from
+        if not is_merged(state):
+            pooled = state.get("_pooled") if isinstance(state, dict) else None
+            if not isinstance(pooled, dict) or (pooled.get("world_size"), pooled.get("rank")) \
+                    == (sampler.num_replicas, sampler.rank):
+                return False
+            state = merge_rank_states([state], lockstep=True)
+        mine = {"dataset_len": len(self.dataset), "seed": sampler.seed,
+                "shuffle": sampler.shuffle, "drop_last": self.drop_last,
+                "per_sample_seed": self.per_sample_seed}
+        check_merged(state, mine)
+        epoch = state["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise StateMismatch(f"PooledLoader.load_state_dict: the merged state is corrupt: "
+                                f"'epoch' is {epoch!r:.80}")
+        sampler.set_plan(None if state.get("finished") else plan_from(state))
+        self.set_epoch(epoch)
+        self._progress = self._resume = self._resume_raw = None
+        return True
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next `iter()` continue from `state` (from `state_dict()`, possibly through a
         JSON or torch.save round trip). Raises ValueError (`resume.StateMismatch`) naming what
-        differs when the state does not fit this loader, or what is missing when it is corrupt."""
+        differs when the state does not fit this loader, or the key and what is wrong when it is
+        corrupt."""
+        self._drop_state_iterator()
         if state == {}:  # torchdata's convention: nothing to restore
             self._resume = self._resume_raw = None
             return
         state = honour_adjustment(state)  # counts lowered by accelerate (see yielded.py)
-        resume = parse(state, self._state_check())
+        elastic = self._elastic_sampler()
+        if elastic is not None and self._load_elastic(state, elastic):
+            return
+        resume = parse(state, self._state_check(), self._state_limits())
         loader_epoch = state["_pooled"].get("loader_epoch")
         if loader_epoch is not None:
-            if isinstance(loader_epoch, bool) or not isinstance(loader_epoch, int):
+            if isinstance(loader_epoch, bool) or not isinstance(loader_epoch, int) \
+                    or loader_epoch < 0:
                 raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
                                     f"'_pooled.loader_epoch' is {loader_epoch!r:.80}")
             self.set_epoch(loader_epoch)
@@ -185,6 +243,23 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         """The loaded state, for the iterator starting now (used once)."""
         resume, self._resume, self._resume_raw = self._resume, None, None
         return resume
+
+    def _drop_state_iterator(self) -> None:
+        """Forget an iterator made by state_dict() before the first iter()."""
+        it, self._state_iterator = self._state_iterator, None
+        if it is None:
+            return
+        if self._iterator is it:
+            self._iterator = None
+        stop = getattr(it, "_stop", None)
+        if stop is not None:
+            stop()
+
+    def __iter__(self) -> Iterator:
+        it, self._state_iterator = self._state_iterator, None
+        if it is not None:  # made by state_dict() before this first iter(): its epoch
+            return it
+        return super().__iter__()
 
     # -- public extras --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -211,6 +286,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def close(self) -> None:
         """Stop persistent workers now (they also stop when the loader is garbage collected).
         Batches still held stay valid; the pool's memory goes when the last one is dropped."""
+        self._drop_state_iterator()
         iterator, self._iterator = self._iterator, None
         stop = getattr(iterator, "_stop", None)
         if stop is not None:
@@ -224,7 +300,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         state travel; the pool, the workers and the live epoch's position do not (a copy makes
         its own on its first iter())."""
         state = self.__dict__.copy()
-        state.update(_pool=None, _iterator=None, _progress=None)
+        state.update(_pool=None, _iterator=None, _progress=None, _state_iterator=None)
         return state
 
     # -- iterator plumbing ---------------------------------------------------------------------

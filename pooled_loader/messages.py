@@ -7,7 +7,7 @@ Main process -> worker (sent by `iterators.WorkerIter`, answered by `worker.work
     Task       build one batch into a slot
     Slot       the bigger slot a worker asked for with NeedSlot
     Forget     unmap a retired arena
-    Reset      restart an iterable dataset's iterator (a new epoch on persistent workers)
+    Reset      a new epoch on persistent workers: restart an iterable dataset's iterator
     SetEpoch   forward `set_epoch` to the worker's copy of the dataset
     None       stop: the worker returns
 
@@ -17,6 +17,9 @@ Worker -> main process (sent by `worker.worker_loop`, handled by `iterators.Work
     Failed        building the batch raised (or, as in DataLoader, worker_init_fn or
                   iter(dataset) did: then every task of that worker is answered so)
     NeedSlot      the batch does not fit its slot: asks for a bigger one, answered by Slot
+    Started       the worker's epoch has started (after its first start and after each Reset):
+                  where its dataset and stream stand, so that a state taken before the worker
+                  delivers anything still records them (StatefulDataLoader's start-up state)
 """
 from __future__ import annotations
 
@@ -87,10 +90,10 @@ class Forget:
 
 @dataclass(**_MESSAGE)
 class Reset:
-    """Start the iterable dataset's iterator afresh (persistent workers, next epoch), or from
-    `stream` (a `resume.WorkerStream` as a dict) when resuming from a saved state."""
+    """A new epoch on persistent workers: start the iterable dataset's iterator afresh, and
+    answer with `Started`."""
 
-    stream: dict | None = None
+    epoch: int  # the iterator's epoch counter, echoed by Started
     shared_seed: int | None = None  # the new epoch's seed for a datapipe graph (DataLoader's)
 
 
@@ -121,7 +124,19 @@ class Done:
     batch: BatchLayout
     skipped: list[tuple[Any, str]]  # (index, reason) of samples replaced under on_error="skip"
     busy_s: float  # seconds the worker spent on it
-    position: StreamPosition | None = None  # iterable datasets only
+    # iterable datasets; map-style ones only where the dataset has its own state
+    position: StreamPosition | None = None
+
+
+@dataclass(**_MESSAGE)
+class Started:
+    """Worker `worker_id` has started epoch `epoch` (its first start, or a Reset): its dataset's
+    (and stream's) state at that point, after any resume was applied, and the items consumed."""
+
+    worker_id: int
+    epoch: int
+    snapshot: tuple[Any, Any] | None  # (dataset state, iterator state); None: no state at all
+    items: int
 
 
 @dataclass(**_MESSAGE)

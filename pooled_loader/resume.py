@@ -32,33 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
+from .elastic import merge_rank_states  # noqa: F401 - public here: resume on any world size
+from .errors import StateMismatch
+from .state_keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED,
+                         FETCHER_STATE, FORMAT, INDEX_SAMPLER_STATE, ITERATOR_FINISHED,
+                         LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, POOLED,
+                         SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP, STEPS_SINCE_SNAPSHOT,
+                         WORKER_ID, WORKER_SNAPSHOTS)
 from .stateful import follows_stateful
-
-FORMAT = "pooled_loader.resume/1"
-
-# torchdata StatefulDataLoader's key names (stateful_dataloader.py), reused so that both layouts
-# read alike; see README "Checkpoint and resume" for what is and is not interchangeable.
-SNAPSHOT = "_snapshot"
-SNAPSHOT_STEP = "_snapshot_step"
-STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
-ITERATOR_FINISHED = "_iterator_finished"
-LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"
-MAIN_SNAPSHOT = "_main_snapshot"
-WORKER_SNAPSHOTS = "_worker_snapshots"
-NUM_WORKERS = "_num_workers"
-INDEX_SAMPLER_STATE = "_index_sampler_state"
-SAMPLER_ITER_YIELDED = "_sampler_iter_yielded"
-BASE_SEED = "_base_seed"
-WORKER_ID = "worker_id"
-DATASET_STATE = "dataset_state"
-FETCHER_STATE = "fetcher_state"
-DATASET_ITER_STATE = "dataset_iter_state"
-FETCHER_ENDED = "fetcher_ended"
-POOLED = "_pooled"  # ours
-
-
-class StateMismatch(ValueError):
-    """A saved state that does not fit this loader (or is corrupt); the message says what."""
 
 
 def has_state(obj: Any) -> bool:
@@ -256,11 +237,13 @@ class WorkerStream:
     items_at_snapshot: int = 0
     items: int = 0  # items consumed by this worker's delivered batches, this epoch
     ended: bool = False
+    batches: int = 0  # this worker's delivered batches, this epoch
 
     def to_dict(self) -> dict:
         return {WORKER_ID: self.worker_id, DATASET_STATE: self.dataset_state,
                 FETCHER_STATE: {DATASET_ITER_STATE: self.iter_state, FETCHER_ENDED: self.ended},
-                "items": self.items, "items_since_snapshot": self.items - self.items_at_snapshot}
+                "items": self.items, "items_since_snapshot": self.items - self.items_at_snapshot,
+                "batches": self.batches}
 
 
 @dataclass
@@ -286,9 +269,15 @@ class Progress:
     # iterable: per-worker streams and who delivered last (to keep the interleaving)
     streams: dict[int, WorkerStream] = field(default_factory=dict)
     last_worker: int = -1
-    started: bool = True  # False: a state taken before any iter()
+    started: bool = True  # False: a state of an older version taken before any iter()
     resumed: bool = False
-    prime: Any = None  # weak method of the iterator: start the sampler's pass before a state
+    # what each worker (0: the main process) restores when it starts: a resumed epoch's streams
+    # and dataset states, or those of a finished epoch marked "new_epoch"
+    restore: dict[int, dict] | None = None
+    started_workers: set[int] = field(default_factory=set)  # their Started has arrived
+    # weak method of the iterator, called before a state is taken: starts the sampler's pass
+    # (so its seed is known) and waits for the workers' start states
+    prepare: Any = None
     # With a prefetching stage after the iterator (cuda.DeviceIter), a batch counts as delivered
     # only when that stage hands it to the loop: deliveries wait in `held` until `commit()`.
     deferred: bool = False
@@ -296,10 +285,13 @@ class Progress:
 
     @classmethod
     def starting(cls, *, iterable: bool, num_workers: int, base_seed: int, epoch: int,
-                 snapshot_every: int, resume: "Resume | None") -> "Progress":
-        """The position at an epoch's start, or where `resume` says the epoch stands."""
+                 snapshot_every: int, resume: "Resume | None" = None,
+                 restore: dict[int, dict] | None = None) -> "Progress":
+        """The position at an epoch's start, or where `resume` (mid-epoch) says it stands;
+        `restore` is what the workers load as they start."""
         p = cls(iterable=iterable, num_workers=num_workers, base_seed=base_seed, epoch=epoch,
-                snapshot_every=snapshot_every, last_worker=max(num_workers - 1, 0))
+                snapshot_every=snapshot_every, last_worker=max(num_workers - 1, 0),
+                restore=restore)
         if resume is not None:
             p.num_yielded = resume.num_yielded
             p.delivered_prefix = resume.delivered_prefix
@@ -311,15 +303,17 @@ class Progress:
         return p
 
     def resume_stream(self, worker_id: int) -> dict | None:
-        """Where worker `worker_id`'s stream restarts (None: from its start)."""
-        if not self.resumed or worker_id not in self.streams:
-            return None
-        return self.streams[worker_id].to_dict()
+        """What worker `worker_id` restores as it starts (None: nothing, a fresh start)."""
+        return (self.restore or {}).get(worker_id)
 
-    def resume_streams(self) -> dict[int, dict] | None:
-        if not self.resumed or not self.iterable:
-            return None
-        return {w: s.to_dict() for w, s in self.streams.items()}
+    def stream_started(self, worker_id: int, snapshot: tuple[Any, Any] | None,
+                       items: int) -> None:
+        """Worker `worker_id` started its epoch with this state (after any restore)."""
+        self.started_workers.add(worker_id)
+        if snapshot is not None:
+            s = self.stream(worker_id)
+            s.dataset_state, s.iter_state = snapshot
+            s.items = s.items_at_snapshot = items
 
     def stream_ended(self, worker_id: int) -> bool:
         s = self.streams.get(worker_id)
@@ -357,8 +351,9 @@ class Progress:
             if batch and not everything:
                 return
 
-    def delivered_task(self, position: int) -> None:
-        self._record(True, self._delivered_task, position)
+    def delivered_task(self, position: int, worker_id: int = 0, stream: Any = None) -> None:
+        """Task `position` (built by `worker_id`, whose Done carried `stream`) was handed out."""
+        self._record(True, self._delivered_task, position, worker_id, stream)
 
     def delivered_batch(self, worker_id: int, position: Any) -> None:
         """Worker `worker_id`'s batch (whose Done carried `position`) was handed out."""
@@ -370,8 +365,13 @@ class Progress:
     def finish(self) -> None:
         self._record(False, setattr, self, "finished", True)
 
-    def _delivered_task(self, position: int) -> None:
+    def _delivered_task(self, position: int, worker_id: int, stream: Any) -> None:
         self.num_yielded += 1
+        self.last_worker = worker_id
+        s = self.stream(worker_id)
+        s.batches += 1
+        if stream is not None and stream.snapshot is not None:  # the dataset's own state
+            s.dataset_state = stream.snapshot[0]
         if position != self.delivered_prefix:
             self.delivered_ahead.add(position)
             return
@@ -397,6 +397,7 @@ class Progress:
         self.num_yielded += 1
         self.last_worker = worker_id
         s = self.stream(worker_id)
+        s.batches += 1
         s.items = position.items
         if position.snapshot is not None:
             s.dataset_state, s.iter_state = position.snapshot
@@ -407,9 +408,9 @@ class Progress:
 
     # -- the state ---------------------------------------------------------------------------
     def state(self, check: dict) -> dict:
-        prime = self.prime() if self.prime is not None else None
-        if prime is not None and self.sampler_snapshot == (0, None) and not self.finished:
-            prime()
+        prepare = self.prepare() if self.prepare is not None else None
+        if prepare is not None and not self.finished:
+            prepare()
         step, sampler_state = self.sampler_snapshot
         main = {NUM_WORKERS: self.num_workers, INDEX_SAMPLER_STATE: sampler_state,
                 SAMPLER_ITER_YIELDED: self.delivered_prefix, BASE_SEED: self.base_seed}
@@ -423,12 +424,6 @@ class Progress:
                      "sampler_snapshot_step": step,
                      "delivered_ahead": sorted(self.delivered_ahead)},
         }
-
-
-def fresh_state(check: dict, num_workers: int) -> dict:
-    """The state of a loader that has not started iterating: the next iter() starts afresh."""
-    return Progress(iterable=check["iterable"], num_workers=num_workers, base_seed=0, epoch=0,
-                    snapshot_every=0, started=False).state(check)
 
 
 # -- reading a state back -------------------------------------------------------------------------
@@ -449,13 +444,36 @@ class Resume:
     sampler_snapshot_step: int
     started: bool
 
+    def stream_dicts(self, new_epoch: bool = False) -> dict[int, dict]:
+        """What each worker restores: its stream (or its dataset's state) as saved; with
+        `new_epoch`, the states of a finished epoch, after which the next epoch starts."""
+        return {w: {**s.to_dict(), "new_epoch": new_epoch} for w, s in self.streams.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a state's counts cannot exceed on this loader (None: unknown)."""
+
+    index_len: int | None  # items the index sampler gives per epoch (map-style)
+    dataset_len: int | None  # len() of an iterable dataset that has one
+    batch_size: int | None  # samples per batch at most (1 without auto-collation; None: a
+    # batch_sampler decides)
+    num_workers: int
+
+
+_LOAD = "PooledLoader.load_state_dict"
+
+
+def _corrupt(message: str) -> StateMismatch:
+    return StateMismatch(f"{_LOAD}: the state is corrupt: {message}")
+
 
 def _get(state: Any, path: str) -> Any:
     node = state
     for key in path.split("."):
         if not isinstance(node, dict) or key not in node:
             raise StateMismatch(
-                f"PooledLoader.load_state_dict: the state is incomplete or corrupt: "
+                f"{_LOAD}: the state is incomplete or corrupt: "
                 f"'{path}' is missing. Pass a dict returned by PooledLoader.state_dict() "
                 f"(a JSON round trip is fine); to start afresh, do not load a state.")
         node = node[key]
@@ -465,68 +483,134 @@ def _get(state: Any, path: str) -> Any:
 def _int(state: Any, path: str) -> int:
     value = _get(state, path)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: '{path}' should "
-                            f"be an integer, got {value!r:.80}")
+        raise _corrupt(f"'{path}' should be an integer, got {value!r:.80}")
     return value
 
 
-def parse(state: Any, check: dict) -> Resume:
-    """Validate `state` against this loader's `check` values; raise StateMismatch saying what
-    differs or what is missing."""
+def _count(state: Any, path: str, most: int | None, why: str = "") -> int:
+    """A non-negative integer at `path`, at most `most` (when known)."""
+    value = _int(state, path)
+    if value < 0:
+        raise _corrupt(f"'{path}' is {value}: a count cannot be negative")
+    if most is not None and value > most:
+        raise _corrupt(f"'{path}' is {value}, more than {most}{why}")
+    return value
+
+
+def _dict(state: Any, path: str) -> dict:
+    value = _get(state, path)
+    if not isinstance(value, dict):
+        raise _corrupt(f"'{path}' should be a dict, got {type(value).__name__}")
+    return value
+
+
+def _check_fits(saved: dict, check: dict, streams: dict[int, WorkerStream]) -> None:
+    for key, mine in check.items():
+        theirs = saved.get(key, "<missing>")
+        if theirs == mine:
+            continue
+        if key == "num_workers" and not check["iterable"]:
+            if all(s.dataset_state is None for s in streams.values()):
+                continue  # map-style: elastic (the order does not depend on the workers)
+            raise StateMismatch(
+                f"{_LOAD}: the state does not fit this loader: it was saved with "
+                f"num_workers={theirs!r}, this loader has num_workers={mine!r}, and the dataset "
+                f"has its own state_dict (each worker's copy keeps its own state, as in "
+                f"StatefulDataLoader): resume with the same num_workers.")
+        raise StateMismatch(
+            f"{_LOAD}: the state does not fit this loader: it was saved "
+            f"with {key}={theirs!r}, this loader has {key}={mine!r}. "
+            + ("An iterable dataset's streams are split per worker: resume with the same "
+               "num_workers." if key == "num_workers" else
+               "Build the loader as it was when the state was saved."))
+
+
+def _streams(state: Any, limits: Limits, saved_workers: int) -> dict[int, WorkerStream]:
+    path = f"{SNAPSHOT}.{WORKER_SNAPSHOTS}"
+    entries = _dict(state, path)
+    slots = max(saved_workers, 1)
+    if len(entries) > slots:
+        raise _corrupt(f"'{path}' has {len(entries)} entries for {slots} worker(s)")
+    streams = {}
+    for key, entry in entries.items():
+        where = f"{path}.{key}"
+        _dict(state, where)
+        wid = _count(state, f"{where}.{WORKER_ID}", slots - 1, " (no such worker)")
+        if key != f"worker_{wid}" or wid in streams:
+            raise _corrupt(f"'{where}' holds the stream of worker {wid}")
+        items = _count(state, f"{where}.items", limits.dataset_len,
+                       " items: the dataset's whole length")
+        since = _count(state, f"{where}.items_since_snapshot", items,
+                       " (the items it consumed in all)")
+        batches = None
+        if "batches" in entry:
+            batches = _count(state, f"{where}.batches", limits.index_len,
+                             " batches: more than the epoch has")
+            if limits.batch_size is not None and items > batches * limits.batch_size:
+                raise _corrupt(f"'{where}.items' is {items}: {batches} batch(es) of at most "
+                               f"{limits.batch_size} cannot hold them")
+        fetcher = _dict(state, f"{where}.{FETCHER_STATE}")
+        ended = _get(state, f"{where}.{FETCHER_STATE}.{FETCHER_ENDED}")
+        if not isinstance(ended, bool):
+            raise _corrupt(f"'{where}.{FETCHER_STATE}.{FETCHER_ENDED}' should be true or false")
+        streams[wid] = WorkerStream(wid, dataset_state=_get(state, f"{where}.{DATASET_STATE}"),
+                                    iter_state=_get(fetcher, DATASET_ITER_STATE),
+                                    items_at_snapshot=items - since, items=items,
+                                    ended=ended, batches=batches or 0)
+    return streams
+
+
+def parse(state: Any, check: dict, limits: Limits) -> Resume:
+    """Validate `state` against this loader's `check` values and `limits`; raise StateMismatch
+    (a ValueError) naming the key and what is wrong, or what differs from this loader."""
     if not isinstance(state, dict):
-        raise StateMismatch(f"PooledLoader.load_state_dict expects the dict returned by "
+        raise StateMismatch(f"{_LOAD} expects the dict returned by "
                             f"state_dict(), got {type(state).__name__}")
     fmt = _get(state, f"{POOLED}.format")
     if fmt != FORMAT:
-        raise StateMismatch(f"PooledLoader.load_state_dict: unknown state format {fmt!r} "
+        raise StateMismatch(f"{_LOAD}: unknown state format {fmt!r} "
                             f"(this version reads {FORMAT!r})")
-    saved = state[POOLED]
-    for key, mine in check.items():
-        theirs = saved.get(key, "<missing>")
-        if key == "num_workers" and not check["iterable"]:
-            continue  # map-style: elastic (the order does not depend on the workers)
-        if theirs != mine:
-            raise StateMismatch(
-                f"PooledLoader.load_state_dict: the state does not fit this loader: it was saved "
-                f"with {key}={theirs!r}, this loader has {key}={mine!r}. "
-                + ("An iterable dataset's streams are split per worker: resume with the same "
-                   "num_workers." if key == "num_workers" else
-                   "Build the loader as it was when the state was saved."))
+    saved = _dict(state, POOLED)
+    _dict(state, SNAPSHOT)
     finished = _get(state, ITERATOR_FINISHED)
     if not isinstance(finished, bool):
-        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
-                            f"'{ITERATOR_FINISHED}' should be true or false, got {finished!r:.80}")
+        raise _corrupt(f"'{ITERATOR_FINISHED}' should be true or false, got {finished!r:.80}")
     snap = f"{SNAPSHOT}.{MAIN_SNAPSHOT}"
-    prefix = _int(state, f"{snap}.{SAMPLER_ITER_YIELDED}")
-    step = _int(state, f"{POOLED}.sampler_snapshot_step")
-    if not 0 <= step <= prefix:
-        raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: sampler "
-                            f"snapshot step {step} is not within 0..{prefix}")
-    streams = {}
-    for key, entry in _get(state, f"{SNAPSHOT}.{WORKER_SNAPSHOTS}").items():
-        where = f"{SNAPSHOT}.{WORKER_SNAPSHOTS}.{key}"
-        wid = _int(state, f"{where}.{WORKER_ID}")
-        since = _int(state, f"{where}.items_since_snapshot")
-        items = _int(state, f"{where}.items")
-        if not 0 <= since <= items:
-            raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: {where} "
-                                f"has {since} items since its snapshot but {items} in all")
-        ended = _get(state, f"{where}.{FETCHER_STATE}.{FETCHER_ENDED}")
-        streams[wid] = WorkerStream(wid, dataset_state=_get(state, f"{where}.{DATASET_STATE}"),
-                                    iter_state=_get(state, f"{where}.{FETCHER_STATE}."
-                                                           f"{DATASET_ITER_STATE}"),
-                                    items_at_snapshot=items - since, items=items,
-                                    ended=bool(ended))
+    _dict(state, snap)
+    saved_workers = _count(state, f"{snap}.{NUM_WORKERS}", None)
+    streams = _streams(state, limits, saved_workers)
+    _check_fits(saved, check, streams)
+    iterable = check["iterable"]
+    index_len = None if iterable else limits.index_len
+    prefix = _count(state, f"{snap}.{SAMPLER_ITER_YIELDED}", index_len,
+                    " (the sampler's length)")
+    step = _count(state, f"{POOLED}.sampler_snapshot_step", prefix,
+                  f" ('{snap}.{SAMPLER_ITER_YIELDED}')")
+    num_yielded = _count(state, f"{SNAPSHOT}.{SNAPSHOT_STEP}", index_len,
+                         " batches: more than the epoch has")
+    if iterable and all("batches" in e for e in state[SNAPSHOT][WORKER_SNAPSHOTS].values()):
+        delivered = sum(s.batches for s in streams.values())
+        if num_yielded != delivered:
+            raise _corrupt(f"'{SNAPSHOT}.{SNAPSHOT_STEP}' is {num_yielded} but the workers' "
+                           f"streams delivered {delivered} batch(es)")
     ahead = _get(state, f"{POOLED}.delivered_ahead")
-    if not isinstance(ahead, list) or not all(isinstance(p, int) for p in ahead):
-        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
-                            f"'{POOLED}.delivered_ahead' should be a list of integers")
-    return Resume(finished=finished, base_seed=_int(state, f"{snap}.{BASE_SEED}"),
-                  epoch=_int(state, f"{POOLED}.epoch"),
-                  num_yielded=_int(state, f"{SNAPSHOT}.{SNAPSHOT_STEP}"),
+    if not isinstance(ahead, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in ahead):
+        raise _corrupt(f"'{POOLED}.delivered_ahead' should be a list of integers")
+    if any(p <= prefix or (index_len is not None and p >= index_len) for p in ahead) \
+            or len(set(ahead)) != len(ahead):
+        raise _corrupt(f"'{POOLED}.delivered_ahead' lists positions outside "
+                       f"{prefix + 1}..{index_len if index_len is not None else 'the epoch'}")
+    base_seed = _int(state, f"{snap}.{BASE_SEED}")
+    if not -(1 << 63) <= base_seed < (1 << 64):
+        raise _corrupt(f"'{snap}.{BASE_SEED}' is {base_seed}: not a 64-bit seed")
+    return Resume(finished=finished, base_seed=base_seed,
+                  epoch=_count(state, f"{POOLED}.epoch", None),
+                  num_yielded=num_yielded,
                   sampler_state=_get(state, f"{snap}.{INDEX_SAMPLER_STATE}"),
                   sampler_skip=prefix - step, delivered_prefix=prefix,
                   delivered_ahead=set(ahead),
-                  last_worker=_int(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}"),
+                  last_worker=_count(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}",
+                                     max(saved_workers, 1) - 1, " (no such worker)"),
                   streams=streams, sampler_snapshot_step=step,
                   started=bool(saved.get("started", True)))

@@ -287,6 +287,58 @@ class _Progress:
     held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
 
 
+def _check_state_values(state: dict, shuffle_buffer: int) -> None:
+    """Types and ranges of a saved state's values (ValueError naming the key): a negative or
+    oversized count would yield more than this worker's quota (breaking the equal counts that
+    keep DDP from hanging) or skip forever."""
+    def count(key: str, value: Any, most: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' should be a non-negative "
+                             f"integer, got {value!r:.80}")
+        if most is not None and value > most:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' is {value}, more than "
+                             f"{most}")
+        return value
+    count("epoch", state["epoch"])
+    count("skipped", state.get("skipped", 0))
+    quota = count("quota", state["quota"])
+    count("done", state["done"], quota)
+    pos = state["position"]
+    if pos is None:
+        return
+    if not isinstance(pos, dict):
+        raise ValueError("WebDataset state is corrupt: 'position' should be a dict or null")
+    for key in ("shard", "index", "visits", "idle"):
+        count(f"position.{key}", pos[key])
+    if pos["offset"] is not None:  # None: a compressed shard, resumed by skipping samples
+        count("position.offset", pos["offset"])
+    rnd = state["round"]
+    if not isinstance(rnd, dict) or any(k not in rnd for k in ("left", "count", "before",
+                                                                 "mark", "draining")):
+        raise ValueError("WebDataset state is corrupt: 'round' should be a dict with left, "
+                         "count, before, mark and draining")
+    count("round.left", rnd["left"], quota)
+    count("round.before", rnd["before"], state["done"])
+    count("round.count", rnd["count"])
+    count("round.mark", rnd["mark"])
+    buffer = state["buffer"]
+    if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
+        raise ValueError(f"WebDataset state is corrupt: 'buffer' should be a list of at most "
+                         f"{shuffle_buffer} (shard, offset, index) entries")
+    for k, entry in enumerate(buffer):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"WebDataset state is corrupt: 'buffer[{k}]' should be "
+                             f"[shard, offset, index]")
+        for name, value in zip(("shard", "offset", "index"), entry):
+            if value is not None or name != "offset":
+                count(f"buffer[{k}].{name}", value)
+    rng = state["rng"]
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 3
+                                and isinstance(rng[1], list) and len(rng[1]) == 625):
+        raise ValueError("WebDataset state is corrupt: 'rng' should be null or "
+                         "[version, 625 integers, gauss]")
+
+
 class WebDataset(IterableDataset):
     """WebDataset tar shards split across ranks and workers with equal counts per rank.
 
@@ -593,6 +645,7 @@ class WebDataset(IterableDataset):
                                                   "idle") if k not in state["position"]]
             if missing:
                 raise ValueError(f"WebDataset state is incomplete: missing {missing}")
+        _check_state_values(state, self.shuffle_buffer)
         self.epoch = int(state["epoch"])
         self.skipped = int(state.get("skipped", self.skipped))
         self._resume = state

@@ -33,7 +33,7 @@ from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_lik
 from .columns import flat_columns, write_column
 from .mismatch import mismatch_message
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
-                       SetEpoch, Slot, StreamPosition, Task)
+                       SetEpoch, Slot, Started, StreamPosition, Task)
 from .resume import has_state, sample_seed, seed_globals
 from .pool import ArenaMap, SlotRef
 
@@ -56,8 +56,11 @@ class WorkerConfig:
     on_error: str
     start_method: str
     per_sample_seed: bool = False  # seed the global RNGs from (base_seed, epoch, index)
+    sample_base: int | None = None  # per_sample_seed's base instead of base_seed (distributed)
     snapshot_every: int = 0  # iterable: send the dataset's state every n own batches (0: never)
-    resume_streams: dict[int, dict] | None = None  # iterable: where each worker's stream resumes
+    # where each worker's stream (iterable) or its dataset's state (map-style) resumes
+    resume_streams: dict[int, dict] | None = None
+    epoch: int = 0  # the iterator's epoch counter when the workers start (echoed by Started)
     close_in_child: list[int] = field(default_factory=list)
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
     pass_collated: bool = False  # in-process, nothing pinned: a custom collate's output as is
@@ -119,6 +122,7 @@ class BatchMaker:
         getitems = getattr(cfg.dataset, "__getitems__", None)
         self.getitems = (getitems if not cfg.iterable and cfg.auto_collation and getitems
                          and not self.use_into and not cfg.per_sample_seed else None)
+        self.stateful = has_state(cfg.dataset)
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -133,24 +137,28 @@ class BatchMaker:
 
     # -- fetching samples ------------------------------------------------------------------------
     def reset_iterator(self, stream: dict | None = None) -> None:
-        """A fresh iterator, or one placed where `stream` (a saved `resume.WorkerStream`) says:
-        the dataset's state, then iter(), then the iterator's state (torchdata's order), then
-        the items consumed after that state are skipped."""
+        """Start this worker's epoch: afresh, or where `stream` (a saved `resume.WorkerStream`)
+        says. StatefulDataLoader's order: the dataset's state, then iter(), then the iterator's
+        state (a dataset that is its own iterator gets its state after iter(), which would reset
+        it), then the items consumed after that state are skipped. A stream marked `new_epoch`
+        (a state saved at an epoch's end) restores the states, then starts the next epoch."""
         self.items = self.batches = 0
         self.ended = False
+        dataset = self.cfg.dataset
+        if stream is not None and stream["dataset_state"] is not None and self.stateful:
+            dataset.load_state_dict(stream["dataset_state"])
         if not self.cfg.iterable:
             self.iterator = None
             return
-        dataset = self.cfg.dataset
+        self.iterator = iter(dataset)
         if stream is None:
+            return
+        iter_state = stream["fetcher_state"]["dataset_iter_state"]
+        if iter_state is not None and has_state(self.iterator):
+            self.iterator.load_state_dict(iter_state)
+        if stream.get("new_epoch"):
             self.iterator = iter(dataset)
             return
-        if stream["dataset_state"] is not None and has_state(dataset):
-            dataset.load_state_dict(stream["dataset_state"])
-        self.iterator = iter(dataset)
-        iter_state = stream["fetcher_state"]["dataset_iter_state"]
-        if iter_state is not None and self.iterator is not dataset and has_state(self.iterator):
-            self.iterator.load_state_dict(iter_state)
         self.items = stream["items"] - stream["items_since_snapshot"]
         for _ in range(stream["items_since_snapshot"]):
             if self._next_item() is None:
@@ -171,11 +179,14 @@ class BatchMaker:
         self.items += 1
         return (item,)
 
-    def _snapshot(self) -> tuple[Any, Any] | None:
-        """(dataset state, iterator state), where either has `state_dict`; None otherwise."""
+    def snapshot(self) -> tuple[Any, Any] | None:
+        """(dataset state, iterator state), where either has `state_dict`; None otherwise. A
+        dataset that is its own iterator is saved as the iterator, as StatefulDataLoader does."""
         dataset, it = self.cfg.dataset, self.iterator
-        ds_state = dataset.state_dict() if has_state(dataset) else None
-        it_state = it.state_dict() if it is not dataset and has_state(it) else None
+        if it is dataset:
+            return (None, dataset.state_dict()) if self.stateful else None
+        ds_state = dataset.state_dict() if self.stateful else None
+        it_state = it.state_dict() if it is not None and has_state(it) else None
         if ds_state is None and it_state is None:
             return None
         return ds_state, it_state
@@ -183,7 +194,8 @@ class BatchMaker:
     def _load(self, index: Any, out: Any) -> Any:
         self.current_index = index
         if self.cfg.per_sample_seed:
-            seed_globals(sample_seed(self.cfg.base_seed, self.seed_epoch, index))
+            base = self.cfg.base_seed if self.cfg.sample_base is None else self.cfg.sample_base
+            seed_globals(sample_seed(base, self.seed_epoch, index))
         if out is not None:
             return self.cfg.dataset.getitem_into(index, out)
         return self.cfg.dataset[index]
@@ -266,7 +278,7 @@ class BatchMaker:
                 return None
             self.batches += 1
             every = self.cfg.snapshot_every
-            snapshot = self._snapshot() if every and self.batches % every == 0 else None
+            snapshot = self.snapshot() if every and self.batches % every == 0 else None
             self.position = StreamPosition(items=self.items, snapshot=snapshot)
             if self.cfg.collate_fn is not None:
                 self.current_index = None  # a collate error is no sample's
@@ -276,6 +288,14 @@ class BatchMaker:
             if not self.cfg.auto_collation:
                 return self._write_tree(task_id, samples[0], ref, convert=True)
             return self._collate(task_id, samples, ref, fetch=None)
+        layout = self._make_map(task_id, payload, ref)
+        if self.stateful and self.cfg.snapshot_every:
+            # A map-style dataset's own state, after every batch (StatefulDataLoader asks it at
+            # its snapshots and replays the batches since; asking each time needs no replay).
+            self.position = StreamPosition(items=0, snapshot=self.snapshot())
+        return layout
+
+    def _make_map(self, task_id: int, payload: Any, ref: SlotRef) -> BatchLayout:
         if not self.cfg.auto_collation:
             sample = self._fetch(payload)
             if self.cfg.collate_fn is not None:
@@ -533,8 +553,19 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
     if batch is None:
         return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref)
     return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
-                busy_s=time.perf_counter() - start,
-                position=maker.position if maker.cfg.iterable else None)
+                busy_s=time.perf_counter() - start, position=maker.position)
+
+
+def _started(maker: BatchMaker, worker_id: int, epoch: int, start_error: Any) -> Started:
+    """Where this worker's epoch starts; no state when its start failed (the error answers its
+    tasks) or when its state cannot be read (raised again where it matters: at its batches)."""
+    snapshot = None
+    if start_error is None:
+        try:
+            snapshot = maker.snapshot()
+        except Exception:  # noqa: BLE001 - see above
+            snapshot = None
+    return Started(worker_id=worker_id, epoch=epoch, snapshot=snapshot, items=maker.items)
 
 
 def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
@@ -585,6 +616,7 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
         maker.reset_iterator((cfg.resume_streams or {}).get(worker_id))
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         start_error = error_message(worker_id, exc, None)
+    conn.send(_started(maker, worker_id, cfg.epoch, start_error))
     try:
         while True:
             msg = receive()
@@ -600,10 +632,11 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 seed_datapipe(cfg.dataset, msg.shared_seed)
                 if initialised:  # iter(dataset) is retried each epoch, worker_init_fn is not
                     try:
-                        maker.reset_iterator(msg.stream)
+                        maker.reset_iterator()
                         start_error = None
                     except Exception as exc:  # noqa: BLE001 - reported to the main process
                         start_error = error_message(worker_id, exc, None)
+                conn.send(_started(maker, worker_id, msg.epoch, start_error))
             elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
                 if callable(setter):

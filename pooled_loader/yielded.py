@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .resume import (LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED,
-                     SNAPSHOT, SNAPSHOT_STEP, WORKER_SNAPSHOTS, FETCHER_STATE, FETCHER_ENDED,
-                     StateMismatch)
+from .errors import StateMismatch
+from .state_keys import (FETCHER_ENDED, FETCHER_STATE, ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID,
+                         MAIN_SNAPSHOT,
+                         POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP, WORKER_SNAPSHOTS)
 
 __all__ = ["NUM_YIELDED", "expose", "honour_adjustment"]
 
@@ -53,7 +54,7 @@ def honour_adjustment(state: dict) -> dict:
     """`state` (a copy) with its position moved back by the batches its top-level
     `_num_yielded` was lowered by; `state` itself when it was not lowered."""
     lowered = _lowered_by(state)
-    if lowered == 0 or state.get("_iterator_finished"):
+    if lowered == 0 or state.get(ITERATOR_FINISHED):
         return state  # a finished epoch resumes as a fresh one whatever its counts
     state = copy.deepcopy(state)
     snap, pooled = state[SNAPSHOT], state.get(POOLED, {})
@@ -96,6 +97,8 @@ def _undo_stream_batches(snap: dict, lowered: int, batch_size: int | None) -> No
                 f"loader with snapshot_every_n_steps greater than {lowered}, or 0")
         entry["items"] -= per_batch
         entry["items_since_snapshot"] -= per_batch
+        if isinstance(entry.get("batches"), int):
+            entry["batches"] -= 1
         # the worker before it in the turns (ended streams take no turn)
         for _ in range(count):
             worker = (worker - 1) % count

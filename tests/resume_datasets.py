@@ -107,3 +107,102 @@ class RandomCropCHW:
         if torch.rand(()) < 0.5:
             crop = crop[:, :, ::-1]
         return np.ascontiguousarray(crop)
+
+
+class CountingMap(Dataset):
+    """A map-style dataset with its own state: how many samples this copy has loaded, returned
+    with each sample (a curriculum level or a dataset-side RNG behave alike)."""
+
+    def __init__(self, n: int = 12):
+        self.n = n
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.calls += 1
+        return i, self.calls
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+
+class CursorStream(IterableDataset):
+    """A stream whose iterator continues from the dataset's cursor (iter() does not rewind it),
+    so resuming from the dataset object as it is now, not as saved, lands in the wrong place."""
+
+    def __init__(self, n: int = 10):
+        self.n = n
+        self.pos = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        while self.pos < self.n:
+            self.pos += 1
+            yield wid * 1000 + self.pos - 1
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+
+class EpochStream(IterableDataset):
+    """Items tagged with the dataset's own epoch counter, which moves on when a pass ends."""
+
+    def __init__(self, n: int = 6):
+        self.n = n
+        self.epoch = 0
+        self.pos = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        start, self.pos = self.pos, 0
+        for k in range(start, self.n):
+            self.pos = k + 1
+            yield self.epoch * 100 + wid * 1000 + k
+        self.epoch += 1
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+
+
+class SelfIterator(IterableDataset):
+    """A dataset that is its own iterator: iter() rewinds it and makes its RNG, which lives on
+    across epochs; load_state_dict needs that RNG, so it only works after iter()."""
+
+    def __init__(self, n: int = 8, seed: int = 1):
+        self.n, self.seed = n, seed
+
+    def __iter__(self):
+        self.pos = 0
+        if not hasattr(self, "rng"):
+            info = get_worker_info()
+            self.rng = random.Random(self.seed + (0 if info is None else info.id))
+        return self
+
+    def __next__(self):
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += 1
+        return self.pos - 1, self.rng.randrange(1 << 30)
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"pos": self.pos, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))  # AttributeError before iter()
+        self.pos = state["pos"]

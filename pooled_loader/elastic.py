@@ -1,0 +1,258 @@
+"""Resume a map-style epoch on another number of ranks (elastic resume).
+
+One global order per (seed, epoch), independent of ranks and workers: the permutation torch's
+``DistributedSampler`` draws (``randperm(n)`` from ``seed + epoch``, or ``0..n-1``), padded by
+repetition to a multiple of the world size (or cut to one with ``drop_last``); rank ``r`` of ``N``
+takes positions ``r, r + N, r + 2N, ...``. :class:`ElasticDistributedSampler` is that sampler
+(``PooledLoader(..., distributed=True)`` builds it), the very same order, plus a *plan*.
+
+A rank's state says how many batches of its share it delivered (the loader's
+``_sampler_iter_yielded`` and ``delivered_ahead``). :func:`merge_rank_states` turns the states of
+all ``N`` ranks into one *round*: ``{"world": N, "drop_last": d, "consumed": {rank: [[a, b], ...]}}``,
+ranges of share positions each rank consumed. It is a pure function of the states, so every rank
+computes the same result. Loading it on rank ``m`` of ``M`` sets the plan: the samples of the
+round's order not consumed (each once: a padded duplicate of a consumed sample counts as
+consumed), in global order, padded or cut to a multiple of ``M`` as ``drop_last`` says, then
+strided over the ``M`` ranks. Every rank thus gets the same number of samples (the same number
+of batches: no DDP hang), and the ``M`` ranks together get exactly the samples not yet consumed.
+A plan resumed again (mid-plan, on yet another world size) appends a round; its rounds replay in
+order. ``set_epoch`` with another epoch drops the plan: the next epochs follow the ``M``-rank
+split of the same global order.
+
+With lockstep ranks (DDP: every rank delivered the same number of batches, in order), one rank's
+state says what all consumed, so any single state suffices (``merge_rank_states([state])``, done
+by ``load_state_dict`` itself); with ``in_order=False`` or uneven ranks, merge all states.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from .errors import StateMismatch
+from .state_keys import (BASE_SEED, INDEX_SAMPLER_STATE, MAIN_SNAPSHOT, POOLED,
+                         SAMPLER_ITER_YIELDED, SNAPSHOT)
+
+FORMAT = "pooled_loader.elastic/1"  # a merged state
+MAX_ROUNDS = 64  # resumes within one epoch; bounds what a (hostile) state can make us replay
+
+__all__ = ["ElasticDistributedSampler", "merge_rank_states", "is_merged", "FORMAT"]
+
+
+def _fit(order: np.ndarray, world: int, drop_last: bool) -> np.ndarray:
+    """DistributedSampler's padding (repeat from the start) or cut to a multiple of `world`."""
+    n = len(order)
+    if drop_last and n % world:
+        return order[:n // world * world]
+    total = math.ceil(n / world) * world
+    if total == n or n == 0:
+        return order
+    reps = math.ceil((total - n) / n)
+    return np.concatenate([order] + [order] * reps)[:total]
+
+
+def _consumed_positions(round_: dict, length: int) -> np.ndarray:
+    world = round_["world"]
+    parts = [int(r) + world * np.arange(a, b, dtype=np.int64)  # JSON keys are strings
+             for r, ranges in round_["consumed"].items() for a, b in ranges]
+    pos = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return pos[pos < length]
+
+
+def _after_round(order: np.ndarray, round_: dict) -> np.ndarray:
+    """The samples of `order` (fitted to the round's world) that the round did not consume,
+    each once, in order."""
+    fitted = _fit(order, round_["world"], round_["drop_last"])
+    mask = np.ones(len(fitted), dtype=bool)
+    mask[_consumed_positions(round_, len(fitted))] = False
+    gone = np.unique(fitted[~mask])
+    rest = fitted[mask]
+    rest = rest[~np.isin(rest, gone)]
+    _, first = np.unique(rest, return_index=True)
+    return rest[np.sort(first)]
+
+
+class ElasticDistributedSampler(DistributedSampler):
+    """torch's DistributedSampler (the same order for the same seed and epoch) whose epoch can be
+    resumed on another number of ranks; see the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plan: dict | None = None
+        self._share_cache: tuple[Any, np.ndarray] | None = None
+
+    def _base_order(self) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).numpy()
+
+    def _share(self) -> np.ndarray:
+        key = (id(self._plan), self.epoch, self.rank, self.num_replicas)
+        if self._share_cache is None or self._share_cache[0] != key:
+            order = self._base_order()
+            for round_ in self._plan["rounds"]:
+                order = _after_round(order, round_)
+            fitted = _fit(order, self.num_replicas, self.drop_last)
+            self._share_cache = (key, fitted[self.rank::self.num_replicas])
+        return self._share_cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._plan is not None and self._plan["epoch"] != epoch:
+            self._plan = None  # a new epoch: the plain M-rank split of the global order
+
+    def __iter__(self) -> Iterator[int]:
+        if self._plan is None:
+            return super().__iter__()
+        return iter(self._share().tolist())
+
+    def __len__(self) -> int:
+        return super().__len__() if self._plan is None else len(self._share())
+
+    def set_plan(self, plan: dict | None) -> None:
+        """Run the rest of `plan["epoch"]` as `plan["rounds"]` say (None: no plan)."""
+        self._plan = plan
+        self._share_cache = None
+        if plan is not None:
+            super().set_epoch(plan["epoch"])
+
+    # the Stateful protocol: the plan travels in the loader's state, so a plan is resumable
+    def state_dict(self) -> dict:
+        return {"plan": self._plan}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_plan(state.get("plan") if isinstance(state, dict) else None)
+
+
+# -- merging states -------------------------------------------------------------------------------
+def is_merged(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("format") == FORMAT
+
+
+def _bad(message: str) -> StateMismatch:
+    return StateMismatch(f"merge_rank_states: {message}")
+
+
+def _rank_view(state: Any, k: int) -> dict:
+    """What merging needs from one rank's loader state (validated)."""
+    if not isinstance(state, dict) or not isinstance(state.get(POOLED), dict):
+        raise _bad(f"state {k} is not a PooledLoader.state_dict()")
+    pooled = state[POOLED]
+    for key in ("world_size", "rank", "dataset_len", "batch_size", "drop_last",
+                "per_sample_seed"):
+        if key not in pooled:
+            raise _bad(f"state {k} has no '{POOLED}.{key}': it was not saved by a loader with "
+                       f"distributed=True")
+    elastic = pooled.get("elastic")
+    if not isinstance(elastic, dict):
+        raise _bad(f"state {k} has no '{POOLED}.elastic' section: its sampler is not an "
+                   f"ElasticDistributedSampler (PooledLoader(..., distributed=True))")
+    try:
+        main = state[SNAPSHOT][MAIN_SNAPSHOT]
+        prefix = main[SAMPLER_ITER_YIELDED]
+        sampler_state = main[INDEX_SAMPLER_STATE]
+        main[BASE_SEED]
+    except (KeyError, TypeError):
+        raise _bad(f"state {k} is incomplete: '{SNAPSHOT}.{MAIN_SNAPSHOT}' lacks its sampler "
+                   f"position") from None
+    ahead = pooled.get("delivered_ahead", [])
+    ints = [prefix, pooled["world_size"], pooled["rank"], elastic.get("epoch"),
+            elastic.get("seed"), pooled["dataset_len"]] + list(ahead)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+        raise _bad(f"state {k} holds a negative or non-integer count or position")
+    world, rank = pooled["world_size"], pooled["rank"]
+    if not 0 <= rank < world:
+        raise _bad(f"state {k} is rank {rank} of {world}")
+    plan = sampler_state.get("inner", {}).get("plan") if isinstance(sampler_state, dict) \
+        else None
+    return {"world": world, "rank": rank, "prefix": prefix, "ahead": sorted(ahead),
+            "finished": state.get("_iterator_finished") is True, "plan": plan,
+            "same": {"dataset_len": pooled["dataset_len"], "epoch": elastic["epoch"],
+                     "seed": elastic["seed"], "shuffle": elastic.get("shuffle"),
+                     "drop_last": pooled["drop_last"], "batch_size": pooled["batch_size"],
+                     "per_sample_seed": pooled["per_sample_seed"]}}
+
+
+def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict:
+    """One state for resuming an epoch on any number of ranks, from every rank's
+    `PooledLoader.state_dict()` (a pure function: the same result on every rank).
+
+    With `lockstep=True` a single state stands for all ranks of its world size (each delivered
+    the same batches, in order); otherwise `states` must hold ranks 0..N-1 once each. Raises
+    ValueError (`StateMismatch`) naming what differs between the states or what is missing."""
+    if not states:
+        raise _bad("no state given")
+    views = [_rank_view(s, k) for k, s in enumerate(states)]
+    first = views[0]
+    for k, v in enumerate(views[1:], 1):
+        for key, value in first["same"].items():
+            if v["same"][key] != value:
+                raise _bad(f"state {k} has {key}={v['same'][key]!r}, state 0 has {value!r}")
+        if v["world"] != first["world"] or v["plan"] != first["plan"]:
+            raise _bad(f"state {k} was saved on {v['world']} ranks (or another resumed plan) "
+                       f"than state 0 ({first['world']})")
+    world = first["world"]
+    if lockstep:
+        if len(views) != 1:
+            raise _bad("lockstep=True takes exactly one state")
+        if first["ahead"]:
+            raise _bad("a state with batches delivered out of order (in_order=False) does not "
+                       "say what the other ranks consumed: merge every rank's state")
+        views = [dict(first, rank=r) for r in range(world)]
+    ranks = sorted(v["rank"] for v in views)
+    if ranks != list(range(world)):
+        missing = sorted(set(range(world)) - set(ranks))
+        raise _bad(f"expected the states of ranks 0..{world - 1} once each; missing "
+                   f"{missing}, got ranks {ranks}")
+    rounds = list((first["plan"] or {}).get("rounds", []))
+    if len(rounds) >= MAX_ROUNDS:
+        raise _bad(f"more than {MAX_ROUNDS} resumes within one epoch")
+    batch = first["same"]["batch_size"] or 1
+    consumed = {}  # share positions past a rank's share are ignored where they are used
+    for v in views:
+        ranges = [[0, v["prefix"] * batch]] if v["prefix"] else []
+        ranges += [[p * batch, (p + 1) * batch] for p in v["ahead"]]
+        consumed[str(v["rank"])] = ranges
+    rounds.append({"world": world, "drop_last": first["same"]["drop_last"],
+                   "consumed": consumed})
+    return {"format": FORMAT, **first["same"], "rounds": rounds,
+            "finished": all(v["finished"] for v in views)}
+
+
+def plan_from(merged: dict) -> dict:
+    """The sampler plan of a merged state."""
+    return {"epoch": merged["epoch"], "rounds": merged["rounds"]}
+
+
+def check_merged(merged: dict, mine: dict) -> None:
+    """Refuse a merged state that another dataset, seed or configuration wrote."""
+    for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed"):
+        if merged.get(key) != mine[key]:
+            raise StateMismatch(
+                f"PooledLoader.load_state_dict: the merged state does not fit this loader: it "
+                f"has {key}={merged.get(key)!r}, this loader has {key}={mine[key]!r}")
+    rounds = merged.get("rounds")
+    if not isinstance(rounds, list) or not 1 <= len(rounds) <= MAX_ROUNDS:
+        raise StateMismatch("PooledLoader.load_state_dict: the merged state is corrupt: "
+                            "'rounds' should be a list of 1.."f"{MAX_ROUNDS} rounds")
+    most = merged["dataset_len"] + (merged.get("batch_size") or 1)  # a share plus a batch
+    for k, round_ in enumerate(rounds):
+        ok = (isinstance(round_, dict) and isinstance(round_.get("world"), int)
+              and round_["world"] >= 1 and isinstance(round_.get("consumed"), dict)
+              and isinstance(round_.get("drop_last"), bool))
+        if ok:
+            for rank, ranges in round_["consumed"].items():
+                ok = ok and isinstance(rank, (int, str)) and isinstance(ranges, list) and all(
+                    isinstance(r, list) and len(r) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                    and 0 <= r[0] <= r[1] <= most for r in ranges)
+        if not ok:
+            raise StateMismatch(f"PooledLoader.load_state_dict: the merged state is corrupt: "
+                                f"round {k} should be {{world, drop_last, consumed: "
+                                f"{{rank: [[start, end], ...]}}}}")

@@ -1,0 +1,24 @@
+"""The key names of a loader state (`PooledLoader.state_dict()`), shared by `resume` (which
+writes and reads states) and `elastic` (which merges the states of several ranks)."""
+
+FORMAT = "pooled_loader.resume/1"
+
+# torchdata StatefulDataLoader's key names (stateful_dataloader.py), reused so that both layouts
+# read alike; see README "Checkpoint and resume" for what is and is not interchangeable.
+SNAPSHOT = "_snapshot"
+SNAPSHOT_STEP = "_snapshot_step"
+STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"
+ITERATOR_FINISHED = "_iterator_finished"
+LAST_YIELDED_WORKER_ID = "_last_yielded_worker_id"
+MAIN_SNAPSHOT = "_main_snapshot"
+WORKER_SNAPSHOTS = "_worker_snapshots"
+NUM_WORKERS = "_num_workers"
+INDEX_SAMPLER_STATE = "_index_sampler_state"
+SAMPLER_ITER_YIELDED = "_sampler_iter_yielded"
+BASE_SEED = "_base_seed"
+WORKER_ID = "worker_id"
+DATASET_STATE = "dataset_state"
+FETCHER_STATE = "fetcher_state"
+DATASET_ITER_STATE = "dataset_iter_state"
+FETCHER_ENDED = "fetcher_ended"
+POOLED = "_pooled"  # ours
