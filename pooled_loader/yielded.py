@@ -26,28 +26,32 @@ NUM_YIELDED = "_num_yielded"  # StatefulDataLoader's top-level keys
 SAMPLER_YIELDED = SAMPLER_ITER_YIELDED
 
 
+WRITTEN = "top_level_num_yielded"  # in "_pooled": the count as we wrote it
+
+
 def expose(state: dict) -> dict:
     """`state` with the delivered batch count (and sampler items) at its top level."""
     snap = state[SNAPSHOT]
-    state[NUM_YIELDED] = snap[SNAPSHOT_STEP]
+    state[NUM_YIELDED] = state[POOLED][WRITTEN] = snap[SNAPSHOT_STEP]
     state[SAMPLER_YIELDED] = snap[MAIN_SNAPSHOT][SAMPLER_ITER_YIELDED]
     return state
 
 
-def _lowered_by(state: dict) -> int:
-    """Batches by which a tool lowered the top-level counts (0: untouched or absent)."""
-    snap = state.get(SNAPSHOT) if isinstance(state, dict) else None
-    if not isinstance(snap, dict) or not isinstance(snap.get(SNAPSHOT_STEP), int):
-        return 0  # parse() says what is wrong
-    top = state.get(NUM_YIELDED)
-    if isinstance(top, bool) or not isinstance(top, int):
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _lowered_by(state: Any) -> int:
+    """Batches by which a tool lowered the top-level count since we wrote it (0: untouched,
+    absent, or a state whose own counts are not sound: parse() then says what is wrong)."""
+    if not isinstance(state, dict) or not isinstance(state.get(SNAPSHOT), dict) \
+            or not isinstance(state.get(POOLED), dict):
         return 0
-    lowered = snap[SNAPSHOT_STEP] - top
-    if lowered < 0:
-        raise StateMismatch(f"PooledLoader.load_state_dict: the state is corrupt: "
-                            f"'{NUM_YIELDED}' is {top}, more than the {snap[SNAPSHOT_STEP]} "
-                            "batches it records")
-    return lowered
+    written, top = state[POOLED].get(WRITTEN), state.get(NUM_YIELDED)
+    if not (_is_count(written) and _is_count(top)) or state[SNAPSHOT].get(SNAPSHOT_STEP) \
+            != written:
+        return 0
+    return max(written - top, 0)
 
 
 def honour_adjustment(state: dict) -> dict:
@@ -63,7 +67,7 @@ def honour_adjustment(state: dict) -> dict:
     else:
         _undo_sampler_batches(snap, pooled, lowered)
     snap[SNAPSHOT_STEP] -= lowered
-    return expose(state)
+    return expose(state)  # consistent again: loading it twice moves back once
 
 
 def _undo_sampler_batches(snap: dict, pooled: dict, lowered: int) -> None:

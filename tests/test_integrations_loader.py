@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from compare import assert_same
-from torch.utils.data import (DataLoader, Dataset, StackDataset, Subset, default_collate,
-                              default_convert)
+from torch.utils.data import (DataLoader, Dataset, IterableDataset, StackDataset, Subset,
+                              default_collate, default_convert, get_worker_info)
 
 from pooled_loader import PooledLoader
 
@@ -209,3 +209,34 @@ def test_a_collate_error_is_not_blamed_on_a_sample():
         error = _error(PooledLoader, TwoWays(), num_workers=workers, collate_fn=collate)
         assert type(error) is ValueError and "bad collate" in str(error)
         assert "sample index" not in str(error)
+
+
+# -- accelerate's lowered counts (2 real processes: test_integrations_ranks.py) ----------------
+class Split(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter(range(first, 40, step))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("iterable", [True, False])
+def test_a_lowered_top_level_count_moves_the_resume_point_back(num_workers, iterable):
+    def make():
+        return PooledLoader(Split() if iterable else list(range(40)), batch_size=4,
+                            num_workers=num_workers)
+    loader = make()
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(5)]
+    state = loader.state_dict()
+    rest = [b.tolist() for b in it]
+    assert state["_num_yielded"] == 5
+    state["_num_yielded"] -= 1  # what accelerate's dispatcher does on 2 processes
+    if not iterable:
+        state["_sampler_iter_yielded"] -= 1
+    again = make()
+    again.load_state_dict(state)
+    assert [b.tolist() for b in again] == got[-1:] + rest
+    untouched = make()
+    untouched.load_state_dict(loader.state_dict())  # the finished epoch: a fresh one
+    assert len(list(untouched)) == 10
