@@ -33,8 +33,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from .errors import StateMismatch
+from .wds_elastic import merge_stream_states
 from .state_keys import (BASE_SEED, INDEX_SAMPLER_STATE, MAIN_SNAPSHOT, POOLED,
-                         SAMPLER_ITER_YIELDED, SNAPSHOT)
+                         SAMPLER_ITER_YIELDED, SNAPSHOT, WORKER_SNAPSHOTS)
 
 FORMAT = "pooled_loader.elastic/1"  # a merged state
 MAX_ROUNDS = 64  # resumes within one epoch; bounds what a (hostile) state can make us replay
@@ -62,17 +63,17 @@ def _consumed_positions(round_: dict, length: int) -> np.ndarray:
     return pos[pos < length]
 
 
-def _after_round(order: np.ndarray, round_: dict) -> np.ndarray:
-    """The samples of `order` (fitted to the round's world) that the round did not consume,
-    each once, in order."""
+def _after_round(order: np.ndarray, round_: dict, n: int) -> np.ndarray:
+    """The samples of `order` (unique ids below `n`, fitted to the round's world) that the round
+    did not consume, each once, in order. Padding only repeats samples of `order`, so what is
+    left is `order`'s served part minus the consumed positions and the consumed ids."""
     fitted = _fit(order, round_["world"], round_["drop_last"])
     mask = np.ones(len(fitted), dtype=bool)
     mask[_consumed_positions(round_, len(fitted))] = False
-    gone = np.unique(fitted[~mask])
-    rest = fitted[mask]
-    rest = rest[~np.isin(rest, gone)]
-    _, first = np.unique(rest, return_index=True)
-    return rest[np.sort(first)]
+    gone = np.zeros(n, dtype=bool)
+    gone[fitted[~mask]] = True
+    served = order[:len(fitted)]  # with drop_last the tail past the fitted length is not served
+    return served[mask[:len(served)] & ~gone[served]]
 
 
 class ElasticDistributedSampler(DistributedSampler):
@@ -97,7 +98,7 @@ class ElasticDistributedSampler(DistributedSampler):
         if self._share_cache is None or self._share_cache[0] != key:
             order = self._base_order()
             for round_ in self._plan["rounds"]:
-                order = _after_round(order, round_)
+                order = _after_round(order, round_, len(self.dataset))
             fitted = _fit(order, self.num_replicas, self.drop_last)
             self._share_cache = (key, fitted[self.rank::self.num_replicas])
         return self._share_cache[1]
@@ -188,6 +189,9 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
     ValueError (`StateMismatch`) naming what differs between the states or what is missing."""
     if not states:
         raise _bad("no state given")
+    if isinstance(states[0], dict) and isinstance(states[0].get(POOLED), dict) \
+            and states[0][POOLED].get("iterable"):
+        return _merge_streams(states)
     views = [_rank_view(s, k) for k, s in enumerate(states)]
     first = views[0]
     for k, v in enumerate(views[1:], 1):
@@ -223,6 +227,36 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
                    "consumed": consumed})
     return {"format": FORMAT, **first["same"], "rounds": rounds,
             "finished": all(v["finished"] for v in views)}
+
+
+def _merge_streams(states: Sequence[dict]) -> dict:
+    """Iterable loaders: the datasets' states of every worker of every rank, merged by
+    `wds_elastic.merge_stream_states` (WebDataset in counted mode)."""
+    dataset_states = []
+    for k, state in enumerate(states):
+        try:
+            workers = state[SNAPSHOT][WORKER_SNAPSHOTS]
+            items = [(key, w["dataset_state"], w["items_since_snapshot"])
+                     for key, w in workers.items()]
+        except (KeyError, TypeError, AttributeError):
+            raise _bad(f"state {k} is incomplete: '{SNAPSHOT}.{WORKER_SNAPSHOTS}' lacks its "
+                       f"workers' states") from None
+        for key, dataset_state, since in items:
+            if dataset_state is None:
+                raise _bad(f"state {k}, {key}: no dataset state. Only a dataset whose states "
+                           f"can be merged (pooled_loader.webdataset.WebDataset, counted mode) "
+                           f"resumes on another world size")
+            if since:
+                raise _bad(f"state {k}, {key}: {since} item(s) since its last snapshot; take "
+                           f"the states with snapshot_every_n_steps=1 (the default)")
+            dataset_states.append(dataset_state)
+    try:
+        merged = merge_stream_states(dataset_states)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    return {"format": FORMAT, "iterable": True, "epoch": merged["epoch"],
+            "dataset_state": merged,
+            "finished": all(s.get("_iterator_finished") is True for s in states)}
 
 
 def plan_from(merged: dict) -> dict:

@@ -20,7 +20,8 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from .constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
 from .iterators import HostTransformIter, InProcessIter, WorkerIter, _HandedOut
 from .pool import SlotPool
-from .resume import Limits, Progress, ResumableRandomSampler, Resume, StateMismatch, parse
+from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
+                     WorkerStream, parse)
 from .stats import LoaderStats, report_text
 from .yielded import expose, honour_adjustment
 
@@ -223,6 +224,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if state == {}:  # torchdata's convention: nothing to restore
             self._resume = self._resume_raw = None
             return
+        from .elastic import is_merged
+        if is_merged(state) and state.get("iterable"):
+            self._load_merged_streams(state)
+            return
         state = honour_adjustment(state)  # counts lowered by accelerate (see yielded.py)
         elastic = self._elastic_sampler()
         if elastic is not None and self._load_elastic(state, elastic):
@@ -238,6 +243,28 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
+
+    def _load_merged_streams(self, state: dict) -> None:
+        """A merged iterable state (WebDataset shards): every worker of this rank loads the same
+        merged dataset state and takes its own share of the rest of the epoch."""
+        if not isinstance(self.dataset, IterableDataset) or not callable(
+                getattr(self.dataset, "load_state_dict", None)):
+            raise StateMismatch("PooledLoader.load_state_dict: a merged stream state needs an "
+                                "iterable dataset that loads it (pooled_loader.webdataset)")
+        merged = state.get("dataset_state")
+        self.dataset.load_state_dict(merged)  # validates it here, in the main process
+        streams = {w: WorkerStream(w, dataset_state=merged)
+                   for w in range(max(self.num_workers, 1))}
+        if state.get("finished"):
+            streams = {}
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        self.set_epoch(merged["epoch"])
+        self._progress = None
+        self._resume_raw = copy.deepcopy(state)
+        self._resume = Resume(finished=False, base_seed=seed, epoch=0, num_yielded=0,
+                              sampler_state=None, sampler_skip=0, delivered_prefix=0,
+                              delivered_ahead=set(), last_worker=max(self.num_workers - 1, 0),
+                              streams=streams, sampler_snapshot_step=0, started=True)
 
     def _take_resume(self) -> Resume | None:
         """The loaded state, for the iterator starting now (used once)."""

@@ -89,7 +89,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
-from . import remote
+from . import remote, wds_elastic
 from .distributed import rank_and_world
 from .errors import SampleError
 
@@ -285,6 +285,7 @@ class _Progress:
     draining: bool = False
     buffer: list = field(default_factory=list)  # samples held by the shuffle buffer
     held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
+    start: tuple = (0, 0)  # (shard, sample) where this worker's piece begins
 
 
 def _check_state_values(state: dict, shuffle_buffer: int) -> None:
@@ -390,6 +391,8 @@ class WebDataset(IterableDataset):
         self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
         self._progress: Optional[_Progress] = None  # the running iteration, for state_dict()
+        self._runs: Optional[dict] = None  # the running iteration of an elastic resume
+        self._order: list[int] = []  # counted mode: the epoch's shards (url indices) in order
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
         self.skipped = 0
         self._skip_log: list[tuple[str, str]] = []
@@ -470,6 +473,7 @@ class WebDataset(IterableDataset):
             return quota, own, 0, 0
         sizes = self.shard_sizes
         order = [i for i in order if sizes[i] > 0]  # empty or unreadable when counted
+        self._order = order
         start = rank * per_rank + per_rank // nworkers * wid + min(wid, per_rank % nworkers)
         first = 0
         while start >= sizes[order[first]]:  # find the shard holding position `start`
@@ -531,12 +535,17 @@ class WebDataset(IterableDataset):
             return False, None
 
     def __iter__(self) -> Iterator[Any]:
-        quota, shards, first, skip = self._plan()
         resume, self._resume = self._resume, None
+        if resume is not None and resume.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS) \
+                and resume["epoch"] == self.epoch:
+            yield from self._iter_runs(resume)
+            return
+        self._runs = None
+        quota, shards, first, skip = self._plan()
         rank, _ = self._current_rank_world()
         info = get_worker_info()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
-        prog = _Progress(quota, _Position(first), rng)
+        prog = _Progress(quota, _Position(first), rng, start=(first, skip))
         if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
             self._check_fits(resume, quota, len(shards))
             skip = 0
@@ -592,6 +601,53 @@ class WebDataset(IterableDataset):
                 prog.done += 1
                 yield out
 
+    def _iter_runs(self, resume: dict) -> Iterator[Any]:
+        """The rest of an epoch resumed from a merged state (this slot's share of it) or from a
+        state taken while reading one: its runs in order, no shuffle buffer (`wds_elastic`)."""
+        rank, world = self._current_rank_world()
+        info = get_worker_info()
+        wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if resume["mode"] == wds_elastic.MERGED:
+            runs, quota = wds_elastic.slot_runs(resume["runs"], rank, world, wid, nworkers)
+            done = 0
+        else:
+            runs, quota, done = resume["rest"], resume["quota"], resume["done"]
+        self._progress = None
+        self._runs = {"runs": runs, "raw": 0, "quota": quota, "done": done}
+        for url_index, first, count in runs:
+            url = self.urls[url_index]
+            offset = 0 if not first else (
+                _local_sample_offset(url, first) if _is_local_tar(url) else None)
+            got = 0
+            try:
+                for sample, _, _ in islice(self._read_shard(url, offset, first), count):
+                    got += 1
+                    self._runs["raw"] += 1
+                    ok, out = self._apply(sample)
+                    if ok:
+                        self._runs["done"] += 1
+                        yield out
+            except Exception as exc:  # noqa: BLE001 - reported with the shard
+                self._fail(url, f"{_reason(exc)} (resumed at sample {first + got})", exc)
+                self._runs["raw"] += count - got
+                continue
+            if got < count:
+                self._fail(url, f"has {first + got} samples, {first + count} were counted")
+                self._runs["raw"] += count - got
+
+    def _rest(self, prog: _Progress) -> Optional[list]:
+        """The runs this worker has not read yet (its piece's rest, its buffer's samples), for
+        an elastic merge; None where they are not exact (explicit mode, skipped samples)."""
+        if self.shard_sizes is None or self.skipped or prog.rounds > 1:
+            return None
+        order = self._order
+        if prog.rounds == 0:
+            rest = wds_elastic.runs_from(order, self.shard_sizes, *prog.start, prog.quota)
+        else:
+            rest = wds_elastic.runs_from(order, self.shard_sizes, prog.pos.shard,
+                                         prog.pos.index, prog.round_left)
+        return rest + [[order[shard], index, 1] for shard, _, index in prog.held]
+
     # -- checkpoint and resume -----------------------------------------------------------------
     def _config(self) -> dict:
         rank, world = self._current_rank_world()
@@ -609,6 +665,11 @@ class WebDataset(IterableDataset):
         the shuffle RNG; see "Checkpoint and resume" in the module docstring."""
         state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
+        if self._runs is not None:  # reading the runs of an elastic resume
+            r = self._runs
+            state.update(mode=wds_elastic.RUNS, quota=r["quota"], done=r["done"],
+                         rest=wds_elastic.drop_first(r["runs"], r["raw"]))
+            return state
         prog = self._progress
         if prog is None:
             return state
@@ -623,7 +684,7 @@ class WebDataset(IterableDataset):
                       "visits": pos.visits, "got": pos.got, "idle": pos.idle},
             round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
                    "mark": prog.mark, "draining": prog.draining},
-            buffer=prog.held[:], rng=rng)
+            buffer=prog.held[:], rng=rng, rest=self._rest(prog))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -632,13 +693,17 @@ class WebDataset(IterableDataset):
         differs when the state does not fit this dataset, or what is missing when it is corrupt."""
         if not isinstance(state, dict):
             raise ValueError(f"WebDataset state must be a dict, got {type(state).__name__}")
-        required = ("version", "epoch", "quota", "done", "position")
+        required = ("version", "epoch") + (
+            ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
         missing = [k for k in required if k not in state]
         if missing:
             raise ValueError(f"WebDataset state is incomplete: missing {missing}")
         if state["version"] != STATE_VERSION:
             raise ValueError(f"WebDataset state version {state['version']!r} is not "
                              f"{STATE_VERSION}: written by another version of pooled_loader")
+        if state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS):
+            self._load_runs_state(state)
+            return
         if state["position"] is not None:
             missing = [k for k in ("round", "buffer", "rng") if k not in state]
             missing += [f"position.{k}" for k in ("shard", "offset", "index", "visits", "got",
@@ -648,6 +713,26 @@ class WebDataset(IterableDataset):
         _check_state_values(state, self.shuffle_buffer)
         self.epoch = int(state["epoch"])
         self.skipped = int(state.get("skipped", self.skipped))
+        self._resume = state
+
+    def _load_runs_state(self, state: dict) -> None:
+        """A merged state (`wds_elastic.merge_stream_states`) or one taken while reading one."""
+        mine = self._config()
+        keys = ["seed", "shards", "samples_per_epoch", "shuffle_shards"]
+        if state["mode"] == wds_elastic.RUNS:  # this slot's own runs: the same slot only
+            keys += ["rank", "world_size", "worker", "num_workers"]
+        differ = [f"{k}: state {state.get(k)!r}, dataset {mine[k]!r}" for k in keys
+                  if state.get(k) != mine[k]]
+        if differ:
+            raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
+        key = "runs" if state["mode"] == wds_elastic.MERGED else "rest"
+        wds_elastic.check_runs(state.get(key), len(self.urls), key)
+        if state["mode"] == wds_elastic.RUNS:
+            _check_state_values({**state, "position": None}, self.shuffle_buffer)
+        elif isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) \
+                or state["epoch"] < 0:
+            raise ValueError(f"WebDataset state is corrupt: 'epoch' is {state['epoch']!r:.80}")
+        self.epoch = int(state["epoch"])
         self._resume = state
 
     def _check_fits(self, state: dict, quota: int, nshards: int) -> None:

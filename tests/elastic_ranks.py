@@ -15,6 +15,12 @@ from resume_datasets import Noisy
 
 
 def make(cfg: dict) -> PooledLoader:
+    if cfg.get("shards"):  # WebDataset shards (counted mode), split by rank and worker
+        from pooled_loader.webdataset import WebDataset
+        from test_webdataset import sample_id
+        ds = WebDataset(cfg["shards"], transform=sample_id, shuffle_buffer=cfg["buffer"],
+                        seed=3)
+        return PooledLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"])
     return PooledLoader(Noisy(cfg["n"]), batch_size=cfg["batch"], distributed=True, shuffle=True,
                         num_workers=cfg["workers"], drop_last=cfg["drop_last"],
                         per_sample_seed=cfg["per_sample_seed"])
@@ -31,7 +37,8 @@ def run(rank: int, world: int, phase: str, workdir: str, cfg: dict) -> None:
     loader.set_epoch(cfg["epoch"])
     it = iter(loader)
     steps = cfg["steps"] if phase == "save" else None
-    got = [[index.tolist(), noise.tolist()] for index, noise in itertools.islice(it, steps)]
+    got = [[b.tolist(), b.tolist()] if cfg.get("shards") else [b[0].tolist(), b[1].tolist()]
+           for b in itertools.islice(it, steps)]
     if phase == "save":
         with open(os.path.join(workdir, f"state_{rank}.json"), "w") as f:
             json.dump(loader.state_dict(), f)

@@ -193,3 +193,24 @@ def test_elastic_sampler_gives_distributed_samplers_order_and_redeals_a_plan():
             assert len(dealt) == len(set(dealt)) == 18 and set(dealt) <= set(served)
         else:
             assert set(dealt) == set(served) == set(range(23))
+
+
+@pytest.mark.parametrize("old,new", [((4, 2), (3, 1)), ((2, 1), (5, 3)), ((2, 2), (2, 3))])
+@pytest.mark.parametrize("buffer", [0, 4])
+def test_webdataset_state_of_n_ranks_resumes_on_m_ranks_and_other_workers(tmp_path, old, new,
+                                                                          buffer):
+    from test_webdataset import make_shards
+    shards = str(tmp_path / "shards")
+    make_shards(shards, [9, 14, 5, 11, 8])  # 47 samples
+    (old_world, old_workers), (new_world, new_workers) = old, new
+    work = tmp_path / "run"
+    work.mkdir()
+    cfg = dict(shards=shards, buffer=buffer, batch=2, epoch=1, steps=2, workers=old_workers)
+    before = run_world(old_world, "save", str(work), cfg)
+    after = run_world(new_world, "resume", str(work), dict(cfg, workers=new_workers))
+    ids = [i for out in before + after for b, _ in out["batches"] for i in b]
+    assert len(ids) == len(set(ids)), "a sample was read twice"
+    # the old world leaves 47 % old_world unseen, the new one what its split cannot share
+    assert 47 - len(ids) < old_world + new_world * new_workers
+    per_rank = {sum(len(b) for b, _ in out["batches"]) for out in after}
+    assert len(per_rank) == 1, f"ranks yielded {per_rank} samples: DDP would hang"
