@@ -212,7 +212,16 @@ class BatchMaker:
         """The samples of a batch: through `__getitems__` as DataLoader does, or one by one.
         With on_error="skip", a failing `__getitems__` is retried sample by sample."""
         if self.getitems is None:
-            return [self._fetch(i) for i in indices]
+            if self.cfg.on_error == "skip" or self.cfg.per_sample_seed:
+                return [self._fetch(i) for i in indices]
+            dataset, samples, index = self.cfg.dataset, [], None
+            try:  # _fetch's work without a call per sample (this runs per sample of a batch)
+                for index in indices:
+                    samples.append(dataset[index])
+            except Exception as exc:
+                self.current_index = index
+                raise SampleFailure(index) from exc
+            return samples
         self.current_index = indices
         try:
             return self.getitems(indices)
