@@ -34,8 +34,8 @@ from torch.utils.data import DistributedSampler
 
 from .errors import StateMismatch
 from .wds_elastic import merge_stream_states
-from .state_keys import (BASE_SEED, INDEX_SAMPLER_STATE, MAIN_SNAPSHOT, POOLED,
-                         SAMPLER_ITER_YIELDED, SNAPSHOT, WORKER_SNAPSHOTS)
+from .state_keys import (BASE_SEED, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
+                         WORKER_SNAPSHOTS)
 
 FORMAT = "pooled_loader.elastic/1"  # a merged state
 MAX_ROUNDS = 64  # resumes within one epoch; bounds what a (hostile) state can make us replay
@@ -116,19 +116,18 @@ class ElasticDistributedSampler(DistributedSampler):
     def __len__(self) -> int:
         return super().__len__() if self._plan is None else len(self._share())
 
+    @property
+    def plan(self) -> dict | None:
+        """The resumed epoch's plan, or None. The loader's state carries it (`_pooled.elastic`),
+        and the position inside it is the loader's count, as for a plain sampler."""
+        return self._plan
+
     def set_plan(self, plan: dict | None) -> None:
         """Run the rest of `plan["epoch"]` as `plan["rounds"]` say (None: no plan)."""
         self._plan = plan
         self._share_cache = None
         if plan is not None:
             super().set_epoch(plan["epoch"])
-
-    # the Stateful protocol: the plan travels in the loader's state, so a plan is resumable
-    def state_dict(self) -> dict:
-        return {"plan": self._plan}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.set_plan(state.get("plan") if isinstance(state, dict) else None)
 
 
 # -- merging states -------------------------------------------------------------------------------
@@ -157,7 +156,6 @@ def _rank_view(state: Any, k: int) -> dict:
     try:
         main = state[SNAPSHOT][MAIN_SNAPSHOT]
         prefix = main[SAMPLER_ITER_YIELDED]
-        sampler_state = main[INDEX_SAMPLER_STATE]
         main[BASE_SEED]
     except (KeyError, TypeError):
         raise _bad(f"state {k} is incomplete: '{SNAPSHOT}.{MAIN_SNAPSHOT}' lacks its sampler "
@@ -170,8 +168,7 @@ def _rank_view(state: Any, k: int) -> dict:
     world, rank = pooled["world_size"], pooled["rank"]
     if not 0 <= rank < world:
         raise _bad(f"state {k} is rank {rank} of {world}")
-    plan = sampler_state.get("inner", {}).get("plan") if isinstance(sampler_state, dict) \
-        else None
+    plan = elastic.get("plan")
     return {"world": world, "rank": rank, "prefix": prefix, "ahead": sorted(ahead),
             "finished": state.get("_iterator_finished") is True, "plan": plan,
             "same": {"dataset_len": pooled["dataset_len"], "epoch": elastic["epoch"],
@@ -264,9 +261,21 @@ def plan_from(merged: dict) -> dict:
     return {"epoch": merged["epoch"], "rounds": merged["rounds"]}
 
 
-def check_merged(merged: dict, mine: dict) -> None:
-    """Refuse a merged state that another dataset, seed or configuration wrote."""
-    for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed"):
+def check_plan(plan: Any, dataset_len: int, batch_size: int | None) -> None:
+    """Refuse a plan (from a state) whose rounds are malformed."""
+    if plan is None:
+        return
+    if not isinstance(plan, dict) or not isinstance(plan.get("epoch"), int):
+        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
+                            "'_pooled.elastic.plan' should be {epoch, rounds}")
+    check_merged({"dataset_len": dataset_len, "batch_size": batch_size,
+                  "rounds": plan.get("rounds")}, None)
+
+
+def check_merged(merged: dict, mine: dict | None) -> None:
+    """Refuse a merged state that another dataset, seed or configuration wrote (`mine`: this
+    loader's values; None: check its rounds only)."""
+    for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed") if mine else ():
         if merged.get(key) != mine[key]:
             raise StateMismatch(
                 f"PooledLoader.load_state_dict: the merged state does not fit this loader: it "

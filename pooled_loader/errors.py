@@ -12,6 +12,18 @@ class SampleError(Exception):
     """
 
 
+class ShardFormatError(SampleError):
+    """A tar shard is malformed or truncated; the message names the shard and the byte offset
+    (``detail`` holds the message without the shard's name)."""
+
+    def __init__(self, shard: str, detail: str) -> None:
+        super().__init__(f"{shard}: {detail}")
+        self.shard, self.detail = shard, detail
+
+    def __reduce__(self):  # pickles (a worker's error) with both arguments
+        return type(self), (self.shard, self.detail)
+
+
 class WorkerError(RuntimeError):
     """A worker process died or stopped answering."""
 

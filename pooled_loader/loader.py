@@ -180,7 +180,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             elastic = self._elastic_sampler()
             if elastic is not None:  # what merge_rank_states needs besides the counts
                 state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
-                                               "shuffle": elastic.shuffle}
+                                               "shuffle": elastic.shuffle, "plan": elastic.plan}
             return expose(state)
         return copy.deepcopy(self._resume_raw)
 
@@ -240,6 +240,11 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                 raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
                                     f"'_pooled.loader_epoch' is {loader_epoch!r:.80}")
             self.set_epoch(loader_epoch)
+        if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
+            from .elastic import check_plan
+            plan = (state["_pooled"].get("elastic") or {}).get("plan")
+            check_plan(plan, len(self.dataset), self.batch_size)
+            elastic.set_plan(plan)
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)

@@ -9,8 +9,9 @@ with a ``__classes__`` member, the class names as a JSON list (webdataset reader
 members as metadata); ``read_shard_classes`` reads it, and ``ImageFolder.check_classes(shards)``
 raises if the labels differ. The key is the file's path relative to the root without its
 extension (dots replaced by ``_``, since ``webdataset`` splits keys at the first dot). Samples are
-written in a seeded random order so that a shard mixes classes; each shard is written to
-``NAME.partial`` and renamed when complete. CLI:
+written in a seeded random order so that a shard mixes classes; each shard is written to a new
+file of unpredictable name next to it (``NAME.XXXXXX.partial``, created exclusively: a symlink
+planted there is never written through) and renamed when complete. CLI:
 ``python -m pooled_loader shards write SRC OUT_PATTERN --per-shard N``.
 """
 
@@ -23,10 +24,13 @@ import os
 import random
 import sys
 import tarfile
+import tempfile
 from typing import Optional, Sequence
 
-from .errors import ClassMismatchError
+from .errors import ClassMismatchError, ShardFormatError
+from . import remote
 from .file_index import list_image_folder
+from .tar_reader import TarReader
 
 __all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
 
@@ -86,9 +90,11 @@ def write_shards(
     try:
         for start in range(0, len(order), per_shard):
             path = out_pattern % len(written)
-            partial = path + ".partial"
+            fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
+                                           suffix=".partial", dir=os.path.dirname(path) or ".")
             try:
-                with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tf:
+                with os.fdopen(fd, "wb") as out, \
+                        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
                     _add(tf, CLASSES_MEMBER, classes)
                     for i, key in zip(order[start:start + per_shard],
                                       keys[start:start + per_shard]):
@@ -99,6 +105,7 @@ def write_shards(
                         _add(tf, f"{key}.cls", str(label).encode())
                         _add(tf, f"{key}.{'jpg' if ext == 'jpeg' else ext}", data)
                         bar.update(1)
+                os.chmod(partial, 0o644)  # mkstemp makes it private (0600)
                 os.replace(partial, path)
             except BaseException:
                 if os.path.exists(partial):
@@ -114,19 +121,19 @@ def read_shard_classes(urls: Sequence[str]) -> Optional[list[str]]:
     """Class names recorded in the shards (their ``__classes__`` member), or None when the first
     shard has none (shards not written by ``write_shards``). Every local shard is checked (one
     header each); of remote ones, the first. Raises ClassMismatchError if shards disagree."""
-    from webdataset.gopen import gopen
-
     found: Optional[list[str]] = None
     for n, url in enumerate(urls):
         local = "://" not in url and not url.startswith("pipe:")
         if n and not local:
             break
-        stream = gopen(url)
+        stream = remote.open_shard(url)
         try:
-            with tarfile.open(fileobj=stream, mode="r|*") as tf:
-                first = tf.next()
-                names = (json.loads(tf.extractfile(first).read())
-                         if first is not None and first.name == CLASSES_MEMBER else None)
+            tar = TarReader(stream, url)
+            first = next(iter(tar), None)
+            names = (json.loads(tar.read(first))
+                     if first is not None and first.name == CLASSES_MEMBER else None)
+        except ValueError as exc:  # ShardFormatError names the shard; bad JSON does not
+            raise ShardFormatError(url, f"unreadable {CLASSES_MEMBER} member: {exc}") from exc
         finally:
             stream.close()
         if n == 0:

@@ -1,7 +1,9 @@
 """WebDataset-format tar shards as an ``IterableDataset`` that never hangs DDP.
 
-Tar reading and grouping files into samples by key are done by the ``webdataset`` package
-(``webdataset.tariterators``); this module decides *which* samples each (rank, worker) reads.
+Tar headers are read by ``pooled_loader.tar_reader`` (checked and bounded: a corrupt or
+truncated shard is an error, never a hang or silently lost samples) and files are grouped into
+samples by key as ``webdataset.tariterators`` groups them; this module decides *which* samples
+each (rank, worker) reads.
 
 Epoch policy
 ------------
@@ -78,7 +80,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import tarfile
 import warnings
 from dataclasses import dataclass, field
 from itertools import islice
@@ -91,7 +92,8 @@ from webdataset.tariterators import base_plus_ext
 
 from . import remote, wds_elastic
 from .distributed import rank_and_world
-from .errors import SampleError
+from .errors import SampleError, ShardFormatError
+from .tar_reader import Member, TarReader
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
@@ -122,13 +124,15 @@ def expand_shards(urls: Urls) -> list[str]:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
+    if isinstance(exc, ShardFormatError):  # the caller names the shard
+        return exc.detail
     if isinstance(exc, KeyError) and exc.args:
         return f"KeyError: {exc.args[0]!r}"
     first = exc.args[0] if exc.args else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _not_a_sample_file(info: tarfile.TarInfo) -> bool:
+def _not_a_sample_file(info: Member) -> bool:
     """Members ``webdataset.tariterators.tar_file_iterator`` leaves out: not regular files, and
     metadata (``__name__`` at the top level, or matching its ``skip_meta`` pattern)."""
     name = info.name
@@ -153,18 +157,18 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
     try:
         if base and not stream.peek(1):
             return  # resumed at the very end
-        tf = tarfile.open(fileobj=stream, mode="r|*")
-        plain = getattr(tf.fileobj, "comptype", "tar") == "tar"
+        tar = TarReader(stream, url, base=base)
+        plain = tar.plain
         sample: Optional[Sample] = None
         start: Optional[int] = None
-        for info in tf:
+        for info in tar:
             name = info.name
             if _not_a_sample_file(info):
                 continue
             prefix, suffix = base_plus_ext(name)
             if prefix is None:
                 continue
-            here = base + info.offset if plain else None
+            here = info.offset if plain else None
             if sample is None or prefix != sample["__key__"]:
                 if sample is not None:
                     yield sample, start, here
@@ -172,10 +176,9 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
             suffix = suffix.lower()
             if suffix in sample:
                 raise ValueError(f"{name}: duplicate file name in tar file")
-            sample[suffix] = tf.extractfile(info).read()
-            tf.members = []  # stream mode keeps every TarInfo otherwise
+            sample[suffix] = tar.read(info)
         if sample is not None:
-            yield sample, start, (base + tf.offset if plain else None)
+            yield sample, start, (tar.end if plain else None)
     finally:
         stream.close()
 
@@ -185,19 +188,16 @@ def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
     ``webdataset.tariterators.group_by_keys`` does. Returns ``(count, error)``; on a truncated or
     corrupt tar, ``count`` is what ``webdataset`` yields before it fails (the sample in progress
     when the read fails is lost)."""
-    size = os.path.getsize(path)
     count, last = 0, None
     try:
-        with tarfile.open(path, mode="r:") as tf:
-            for info in tf:
-                if info.offset_data + info.size > size:
-                    raise tarfile.ReadError(f"member {info.name!r} runs past the end of the file")
+        with open(path, "rb") as f:
+            for info in TarReader(f, path):  # checks that each member lies inside the file
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
                 if prefix is not None and prefix != last:
                     count, last = count + 1, prefix
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (ShardFormatError, OSError) as exc:
         return max(count - 1, 0), _reason(exc)
     return count, None
 
@@ -207,8 +207,8 @@ def _local_sample_offset(path: str, n: int) -> Optional[int]:
     is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
     count, last = 0, None
     try:
-        with tarfile.open(path, mode="r:") as tf:
-            for info in tf:
+        with open(path, "rb") as f:
+            for info in TarReader(f, path):
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
@@ -216,7 +216,7 @@ def _local_sample_offset(path: str, n: int) -> Optional[int]:
                     if count == n:
                         return info.offset
                     count, last = count + 1, prefix
-    except (tarfile.TarError, OSError, EOFError):
+    except (ShardFormatError, OSError):
         pass
     return None
 

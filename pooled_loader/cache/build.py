@@ -6,12 +6,19 @@ source changed), runs ``tasks._BuildTasks`` on ``PooledLoader``'s workers, appen
 rows to the journal as they come (the page cache keeps them through a SIGKILL of this process),
 and finally writes the index arrays and header (``_write_trailer``) and moves the file into
 place atomically (fsync, ``os.replace``). The byte layout is in format.py.
+
+The build's files have fixed names (``PATH.partial``, ``PATH.partial.journal``: a later run
+must find them to resume), so they are opened with ``O_NOFOLLOW`` and used only if they are
+regular files of this user with one link (``open_own``); a fresh ``.partial`` is created with
+``O_EXCL``. A symlink or hard link planted there (a shared ``/tmp``) is never written through.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
+import stat
 import sys
 import time
 import warnings
@@ -86,7 +93,7 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
         raise CacheMismatchError(
             f"{path} exists and is not a cache of this dataset with variants={variants}, "
             f"seed={seed}; delete it or pass overwrite=True (--overwrite)")
-    jfd = os.open(journal, os.O_RDWR | os.O_CREAT, 0o644)
+    jfd = open_own(journal, os.O_RDWR | os.O_CREAT)
     try:
         for _ in range(LOCK_TRIES):
             try:
@@ -131,7 +138,12 @@ class _Build:
             warnings.warn(f"{self.partial} is an unfinished build that cannot be resumed: {why}; "
                           "starting afresh", stacklevel=4)
         if self.tree is None:
-            with open(self.partial, "wb") as f:
+            try:
+                os.unlink(self.partial)  # unlinks a symlink itself, never its target
+            except FileNotFoundError:
+                pass
+            fd = open_own(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "wb") as f:
                 f.write(pack_preamble(STATE_BUILDING).ljust(DATA_START, b"\x00"))
             os.ftruncate(self.jfd, 0)
 
@@ -171,7 +183,7 @@ class _Build:
         os.ftruncate(self.jfd, start + nrows * dtype.itemsize)
         rows = np.frombuffer(os.pread(self.jfd, nrows * dtype.itemsize, start), dtype).copy()
         good = np.zeros(len(rows), bool)
-        with open(self.partial, "rb") as f:
+        with os.fdopen(open_own(self.partial, os.O_RDONLY), "rb") as f:
             fsize = os.fstat(f.fileno()).st_size
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if fsize else None
             try:
@@ -349,6 +361,24 @@ class _Build:
         os.unlink(self.journal)
 
 
+def open_own(path: str, flags: int) -> int:
+    """``os.open`` of a build file that is not a symlink, and is a regular file of this user
+    with one link; CacheError naming it otherwise."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EEXIST):
+            raise
+        raise CacheError(f"{path} is a symlink or appeared during the build: refusing to write "
+                         "through it; remove it and run the build again") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise CacheError(f"{path} is not a regular file of yours with one link: refusing to "
+                         "build through it; remove it and run the build again")
+    return fd
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -376,13 +406,14 @@ def _where(f: dict) -> str:
 
 def _write_trailer(partial: str, arrs: dict[str, np.ndarray], header: dict) -> None:
     """Append the index arrays and the JSON header, then mark the file complete (fsynced)."""
-    fd = os.open(partial, os.O_RDWR)
+    fd = open_own(partial, os.O_RDWR)
     try:
         data_end = os.fstat(fd).st_size
         table = {}
         off = align(data_end)
         for name, a in arrs.items():
-            table[name] = {"offset": off, "dtype": a.dtype.str, "shape": list(a.shape)}
+            table[name] = {"offset": off, "dtype": a.dtype.str, "shape": list(a.shape),
+                           "crc": zlib.crc32(np.ascontiguousarray(a))}
             off = align(off + a.nbytes)
         hb = header_bytes({**header, "arrays": table, "data_end": data_end})
         os.ftruncate(fd, off + len(hb))

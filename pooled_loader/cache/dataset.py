@@ -1,7 +1,8 @@
 """``CachedDataset``: a finished cache file as a map-style dataset, read through one mmap.
 
-The file is validated once per process when opened (every record inside the data area, shapes
-consistent with sizes); samples are then read-only numpy views of the file, handed to the
+The file is validated once per process when opened (the header's schema, the index arrays'
+crc32, every record inside the data area and the file, shapes consistent with sizes), and its
+size is checked before each read (a file truncated in place raises instead of a SIGBUS); samples are then read-only numpy views of the file, handed to the
 transform without a copy, and ``getitem_into`` lets the transform's last op write straight into
 the loader's batch slot. The file is reopened lazily in each process that unpickles the dataset.
 """
@@ -93,27 +94,33 @@ class CachedDataset:
         count, variants = hdr["count"], hdr["variants"]
         tree, leaves = infer_layout_from_tree(hdr["layout"])
         arrays = {}
-        for name, a in hdr["arrays"].items():
+        for name, a in hdr["arrays"].items():  # names, dtypes, shapes, bounds: read_header
             dt, shape = np.dtype(a["dtype"]), tuple(a["shape"])
-            end = a["offset"] + dt.itemsize * int(np.prod(shape))
-            want = (count,) if name == "source_index" else (count, variants)
-            if end > fsize or shape[:len(want)] != want:
-                raise CacheFormatError(f"{path}: index array {name} is out of bounds or has a "
-                                       "wrong shape; rebuild the cache")
+            size = dt.itemsize * int(np.prod(shape))
+            if zlib.crc32(memoryview(mm)[a["offset"]:a["offset"] + size]) != a["crc"]:
+                raise CacheFormatError(f"{path}: index array {name} is corrupted (crc32 "
+                                       "mismatch: a label, size or offset changed); rebuild the "
+                                       "cache")
             arrays[name] = np.frombuffer(mm, dt, int(np.prod(shape)), a["offset"]).reshape(shape)
+        ds, de = np.uint64(hdr["data_start"]), np.uint64(hdr["data_end"])  # de <= file size
         for lf in leaves:  # every record lies inside the data area and matches its shape
             if lf["kind"] not in VAR_KINDS:
                 continue
             j = lf["id"]
             o, n = arrays[f"leaf{j}.offset"], arrays[f"leaf{j}.nbytes"]
-            bad = (o < hdr["data_start"]) | (o + n > hdr["data_end"])
+            bad = (o < ds) | (o > de) | (n > de - np.minimum(o, de))  # o + n could wrap
             if lf["ndim"]:
-                sz = np.prod(arrays[f"leaf{j}.shape"], axis=-1) * np.dtype(lf["dtype"]).itemsize
-                bad |= (sz != n) | (arrays[f"leaf{j}.shape"] < 0).any(axis=-1)
+                shp = arrays[f"leaf{j}.shape"]
+                itemsize = np.dtype(lf["dtype"]).itemsize
+                # in float first: an int64 product of huge dimensions could wrap to n
+                big = np.prod(shp.astype(np.float64), axis=-1) * itemsize > float(de)
+                bad |= (shp < 0).any(axis=-1) | big | (np.prod(shp, axis=-1) * itemsize != n)
             if bad.any():
                 i, k = (int(v[0]) for v in np.nonzero(bad))
-                raise CacheFormatError(f"{path}: record {i} (variant {k}) of leaf {j} lies "
-                                       "outside the data or has an inconsistent size; rebuild")
+                raise CacheFormatError(
+                    f"{path}: record {i} (variant {k}) of leaf {j} lies outside the data area "
+                    f"(bytes {int(ds)}..{int(de)}) or has an inconsistent size (offset "
+                    f"{int(o[i, k])}, {int(n[i, k])} bytes); rebuild the cache")
         source_count = hdr.get("source_count", count)
         src = arrays.get("source_index")
         if src is not None and len(src) and (src.min() < 0 or src.max() >= source_count):
@@ -127,12 +134,14 @@ class CachedDataset:
                            if lf["kind"] in ("array", "tensor")]
         self._image = next((lf["id"] for lf in leaves if lf["kind"] in ("array", "tensor")), None)
         self._count, self._variants = count, variants
-        self._mm = mm
+        self._mm, self._fsize = mm, fsize
+        self._has_records = any(lf["kind"] in VAR_KINDS for lf in leaves)
 
     def __getstate__(self) -> dict:
         d = self.__dict__.copy()
         for k in ("_mm", "_arrays", "header", "_tree", "_leaves", "_unflatten", "_out_leaves",
-                  "_cols", "_arraylike", "_image", "_count", "_variants"):
+                  "_cols", "_arraylike", "_image", "_count", "_variants", "_fsize",
+                  "_has_records"):
             d.pop(k, None)
         return d
 
@@ -200,7 +209,19 @@ class CachedDataset:
             k = self.variant(index)
         if not 0 <= k < self._variants:
             raise IndexError(f"variant {k} out of range: the cache stores {self._variants}")
+        if self._has_records:
+            self._check_size()
         return [self._leaf(c, index, k) for c in self._cols]
+
+    def _check_size(self) -> None:
+        """Raise before touching a record of a file that shrank since it was opened: reading a
+        mapped page past the end of the file would kill the process with SIGBUS."""
+        size = self._mm.size()  # an fstat of the mapped file
+        if size < self._fsize:
+            raise CacheFormatError(
+                f"{self.path}: the file shrank from {self._fsize} to {size} bytes while in use "
+                "(truncated or rewritten in place); replace a cache with a new file (build_cache "
+                "does), never in place, and open it again")
 
     def _leaf(self, c: _Columns, i: int, k: int) -> Any:
         kind = c.kind
@@ -270,6 +291,7 @@ class CachedDataset:
         count, variants = self.header["count"], self.header["variants"]
         mv = memoryview(self._mm)
         for i in tqdm(range(count), disable=not progress, desc="verify", unit="sample"):
+            self._check_size()
             for k in range(variants):
                 for lf in self._leaves:
                     if lf["kind"] not in VAR_KINDS:

@@ -13,7 +13,7 @@ One file holds every sample of a dataset (``count`` indices x ``variants`` outpu
     4096          data: one record per (index, variant) and variable-size leaf, each at a
                   64-byte aligned offset, in the order the build finished them
     ...           trailer: the index arrays (64-byte aligned, raw little-endian), then the
-                  JSON header that names them: {"arrays": {name: {offset, dtype, shape}}, ...}
+                  JSON header that names them: {"arrays": {name: {offset, dtype, shape, crc}}, ...}
 
 The trailer is written last, so a build appends records without knowing their sizes in advance
 and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layout:
@@ -23,6 +23,10 @@ and finishing it copies nothing. Index arrays, per leaf ``j`` of the sample layo
   own shape), ``leaf{j}.crc`` u32 ``(count, variants)`` (crc32 of the record's bytes);
 - scalar leaves (int, float, bool, numpy scalars): ``leaf{j}.value`` ``(count, variants)``;
 - ``None`` leaves store nothing.
+
+Each array's entry in the JSON header carries the crc32 of its bytes (format version 2), checked
+when the file is opened, so a changed label or offset is found like a changed record. The JSON
+header itself is checked against a schema (types, bounds, nesting) before it is used.
 
 A cache built with ``on_error="skip"`` leaves bad samples out and numbers the rest densely: the
 JSON header's ``count`` is the number of samples stored, ``source_count`` the source dataset's
@@ -49,6 +53,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import reprlib
 import struct
 import zlib
 from dataclasses import dataclass
@@ -64,7 +69,7 @@ from ..errors import (  # noqa: F401  (the cache's errors, importable from here 
 )
 
 MAGIC = b"PLCACHE\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each index array has a crc32 in the header (labels are covered)
 PREAMBLE = struct.Struct("<8sIIQQII")  # 40 bytes, padded to PREAMBLE_SIZE
 PREAMBLE_SIZE = 64
 DATA_START = 4096
@@ -76,6 +81,14 @@ JOURNAL_HEADER_MAX = 1 << 20  # the JSON header holds no per-sample data: 1 MiB 
 
 VAR_KINDS = ("array", "tensor", "str", "bytes")
 SCALAR_KINDS = {"int": "<i8", "float": "<f8", "bool": "|b1"}
+KINDS = (*VAR_KINDS, *SCALAR_KINDS, "npscalar", "none")
+# Bounds on a header's contents, checked before any is used (a crafted header with a valid CRC
+# must fail as a CacheFormatError, not a KeyError or RecursionError or a huge allocation)
+MAX_DEPTH = 32  # nesting of the sample layout
+MAX_LEAVES = 4096  # leaves of one sample
+MAX_NDIM = 32  # numpy's own limit on an array's dimensions (NPY_MAXDIMS)
+MAX_COUNT = 1 << 40  # samples
+MAX_VARIANTS = 1 << 16
 
 
 align = round_up  # records and index arrays start at multiples of ALIGN (64 bytes)
@@ -389,7 +402,8 @@ def infer_layout_from_tree(tree: dict) -> tuple[dict, list[dict]]:
 
 
 def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -> dict:
-    """Check the preamble and return the JSON header of a complete cache file."""
+    """Check the preamble and return the JSON header of a complete cache file, validated by
+    ``check_header`` (CacheFormatError naming ``path`` for anything amiss)."""
     if pre is None:
         with open(path, "rb") as f:
             pre = f.read(PREAMBLE_SIZE)
@@ -405,7 +419,112 @@ def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -
         hb = os.pread(f.fileno(), p.hdr_len, p.hdr_off)
     if zlib.crc32(hb) != p.hdr_crc:
         raise CacheFormatError(f"{path}: corrupted header (checksum mismatch); rebuild the cache")
-    return json.loads(hb)
+    try:
+        hdr = json.loads(hb)
+    except (ValueError, RecursionError) as e:
+        raise CacheFormatError(f"{path}: header is not valid JSON ({type(e).__name__}); "
+                               "rebuild the cache") from None
+    check_header(hdr, path, fsize, p.hdr_off)
+    return hdr
+
+
+def check_header(hdr: Any, path: str, fsize: int, hdr_off: int) -> None:
+    """Raise CacheFormatError naming ``path`` unless ``hdr`` is a well-formed cache header whose
+    layout, counts and index arrays fit each other and the file (``fsize`` bytes, the header at
+    ``hdr_off``)."""
+    def bad(what: str) -> CacheFormatError:
+        return CacheFormatError(f"{path}: malformed header: {what}; rebuild the cache")
+
+    def num(d: dict, key: str, lo: int, hi: int) -> int:
+        v = d.get(key)
+        if type(v) is not int or not lo <= v <= hi:
+            raise bad(f"{key} is {_short(v)}, not an integer in [{lo}, {hi}]")
+        return v
+
+    if not isinstance(hdr, dict):
+        raise bad("not a JSON object")
+    if hdr.get("format_version") != FORMAT_VERSION:
+        raise bad(f"format_version {_short(hdr.get('format_version'))}")
+    count = num(hdr, "count", 0, MAX_COUNT)
+    variants = num(hdr, "variants", 1, MAX_VARIANTS)
+    num(hdr, "seed", -(1 << 63), (1 << 64) - 1)
+    source_count = num(hdr, "source_count", count, MAX_COUNT) if "source_count" in hdr else count
+    data_start = num(hdr, "data_start", DATA_START, fsize)
+    data_end = num(hdr, "data_end", data_start, min(fsize, hdr_off))
+    if not isinstance(hdr.get("created"), str) or not isinstance(hdr.get("source"), dict) \
+            or not isinstance(hdr["source"].get("fingerprint"), str):
+        raise bad("created or source (with its fingerprint) missing")
+    skipped = hdr.get("skipped", [])
+    if not isinstance(skipped, list) or len(skipped) > source_count or not all(
+            isinstance(e, dict) and type(e.get("index")) is int and 0 <= e["index"] < source_count
+            and isinstance(e.get("path"), (str, type(None))) and isinstance(e.get("reason"), str)
+            for e in skipped):
+        raise bad("skipped is not a list of {index, path, reason} within the source")
+    leaves = _check_layout(hdr.get("layout"), bad)
+    want = {name: (a.dtype, a.shape) for name, a in
+            index_arrays(leaves, 0, variants).items()}  # shapes with count 0: fixed below
+    if "source_index" in hdr.get("arrays", {}):
+        want["source_index"] = (np.dtype("<i8"), (0,))
+    arrays = hdr.get("arrays")
+    if not isinstance(arrays, dict) or set(arrays) != set(want):
+        raise bad(f"index arrays {sorted(arrays) if isinstance(arrays, dict) else arrays!r} "
+                  f"are not those of the layout ({sorted(want)})")
+    for name, a in arrays.items():
+        dt, shape = want[name]
+        shape = (count,) + shape[1:]
+        if not isinstance(a, dict) or a.get("dtype") != dt.str or a.get("shape") != list(shape) \
+                or type(a.get("crc")) is not int:
+            raise bad(f"index array {name} is not {dt.str} of shape {list(shape)} with a crc")
+        num(a, "offset", data_end, fsize - dt.itemsize * int(np.prod(shape, dtype=object)))
+
+
+def _check_layout(tree: Any, bad: Callable[[str], CacheFormatError]) -> list[dict]:
+    """The leaves of a stored layout tree, in order, after checking its schema."""
+    leaves: list[dict] = []
+
+    def walk(node: Any, depth: int) -> None:
+        if depth > MAX_DEPTH or len(leaves) > MAX_LEAVES:
+            raise bad(f"layout nested deeper than {MAX_DEPTH} or with over {MAX_LEAVES} leaves")
+        t = node.get("t") if isinstance(node, dict) else None
+        if t == "leaf":
+            leaves.append(_check_leaf(node, len(leaves), bad))
+            return
+        items = node.get("items") if t in ("tuple", "list", "dict") else None
+        if not isinstance(items, list):
+            raise bad(f"layout node {_short(node)}")
+        if t == "dict":
+            keys = node.get("keys")
+            if not isinstance(keys, list) or len(keys) != len(items) or len(set(keys)) != len(
+                    keys) or not all(isinstance(k, str) for k in keys):
+                raise bad(f"dict node keys {_short(keys)}")
+        for child in items:
+            walk(child, depth + 1)
+
+    walk(tree, 0)
+    return leaves
+
+
+def _check_leaf(lf: dict, id_: int, bad: Callable[[str], CacheFormatError]) -> dict:
+    kind = lf.get("kind")
+    if lf.get("id") != id_ or type(lf.get("id")) is not int or kind not in KINDS:
+        raise bad(f"leaf {_short(lf)} (expected id {id_} and a known kind)")
+    if kind == "none":
+        return lf
+    try:
+        dt = np.dtype(lf["dtype"]) if isinstance(lf.get("dtype"), str) else None
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or dt.hasobject or (
+            kind in SCALAR_KINDS and lf["dtype"] != SCALAR_KINDS[kind]) or (
+            kind in ("str", "bytes") and (lf["dtype"], lf.get("ndim")) != ("|u1", 1)):
+        raise bad(f"leaf {id_} has dtype {_short(lf.get('dtype'))}")
+    if kind in VAR_KINDS and (type(lf.get("ndim")) is not int or not 0 <= lf["ndim"] <= MAX_NDIM):
+        raise bad(f"leaf {id_} has ndim {_short(lf.get('ndim'))}")
+    return lf
+
+
+def _short(value: Any) -> str:
+    return reprlib.repr(value)  # bounded in depth and length, whatever a header holds
 
 
 def partial_progress(path: str | os.PathLike) -> tuple[int, int] | None:

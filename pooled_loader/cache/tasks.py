@@ -51,7 +51,8 @@ class _BuildTasks:
                     os.close(fd)
             except OSError:
                 pass
-        self._fd, self._pid, self._sent = os.open(self.partial, os.O_RDWR), os.getpid(), False
+        self._fd, self._pid, self._sent = os.open(self.partial, os.O_RDWR | os.O_NOFOLLOW), \
+            os.getpid(), False
         self._set_layout(self.tree)
 
     def _set_layout(self, tree: dict | None) -> None:

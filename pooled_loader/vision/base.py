@@ -4,6 +4,7 @@
 Imports point one way, so that each layer can be read (and tested) without the ones above it::
 
     buffers, kernels      scratch memory and the resize kernels (the only cv2 import)
+    jpeg_markers          JPEG frame header and scan count from the markers (no imports)
     base                  Spec, Op, Resampler, Box: the contract (this module)
     decode, ops           DecodeImage; geometry, flip, layout, normalize ops
     compose               Compose, the planner: fuses and runs the ops through planned buffers

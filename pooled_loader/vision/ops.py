@@ -40,6 +40,8 @@ class RandomResizedCrop(Resampler):
 
     def box(self, h: int, w: int) -> Box:
         """Sample a crop box of an h x w image; draws from ``random``."""
+        if h < 1 or w < 1:
+            raise ValueError(f"RandomResizedCrop: cannot crop an image without pixels ({w}x{h})")
         area = h * w
         for _ in range(10):
             target_area = area * random.uniform(*self.scale)
@@ -92,6 +94,8 @@ class Resize(Resampler):
         self.max_side = max_side
 
     def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        if h < 1 or w < 1:
+            raise ValueError(f"Resize: cannot resize an image without pixels ({w}x{h})")
         if isinstance(self.size, tuple):
             return self.size
         short, long = (w, h) if w <= h else (h, w)
