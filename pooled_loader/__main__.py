@@ -1,4 +1,4 @@
-"""Command line: `python -m pooled_loader {cache,tune,shards} ...` (each has --help).
+"""Command line: `python -m pooled_loader {cache,tune,shards,tokens} ...` (each has --help).
 
 Errors the user can act on print one line and exit with status 1; add ``--verbose`` to any
 command for the traceback (see ``pooled_loader._cli``).
@@ -14,6 +14,7 @@ COMMANDS = {
     "cache": ("pooled_loader.cache", "build, inspect and verify precomputed augmentation caches"),
     "tune": ("pooled_loader.tune", "find the fastest workers/prefetch/pool/batch settings"),
     "shards": ("pooled_loader.shards", "write an ImageFolder as WebDataset tar shards"),
+    "tokens": ("pooled_loader.tokens", "write and inspect memory-mapped token files"),
 }
 
 

@@ -14,7 +14,7 @@ would not make old caches unreadable; it would only change the layout of new one
 
 FIRST_SLOT_BYTES = 4096
 """Bytes. Slot size of the pool before the first batch is seen: one page. The first batch larger
-than this replaces the slots by ones sized from it (see `OVERSIZE_HEADROOM`), so the value only
+than this replaces the slots by ones of its size class (`size_classes.py`), so the value only
 has to be small, not right."""
 
 DRY_GROWTH_MIN_SLOTS = 2
@@ -24,11 +24,6 @@ least this many, so that a tiny pool does not grow one slot at a time."""
 
 DRY_GROWTH_DIVISOR = 2
 """Ratio. The arena added when the pool runs dry holds `live slots // DRY_GROWTH_DIVISOR` slots."""
-
-OVERSIZE_HEADROOM = 1.25
-"""Ratio. A batch too large for every slot gets new slots this much larger than itself, so that
-batches that vary a little in size (variable-length text, the last partial batch's neighbours)
-do not trigger a new arena each time."""
 
 BOTTLENECK_WAIT_SHARE = 0.1
 """Fraction of wall time. When the training loop spends more than this share of its time waiting

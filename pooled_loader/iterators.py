@@ -273,7 +273,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 
     def _build(self, layout: BatchLayout) -> Any:
         """The batch a worker built, as zero-copy views of its slot."""
-        lease = self._pool.lease(layout.ref)
+        lease = self._pool.lease(layout.ref, layout.nbytes)  # its size picks the slots' class
         base = lease.array()
         del lease
         arrays = []

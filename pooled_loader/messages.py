@@ -47,6 +47,11 @@ class BatchLayout:
     metas: list  # the non-array leaves (strings, ...), in tree order
     num_samples: int
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the slot the batch uses (its end; the slot may be larger)."""
+        return max((offset + leaf.nbytes for leaf, offset in self.leaves), default=0)
+
 
 @dataclass(**_MESSAGE)
 class ErrorInfo:

@@ -1,4 +1,5 @@
-"""The slot pool: fixed-size batch slots in anonymous shared memory, recycled by reference counting.
+"""The slot pool: batch slots of a few size classes in anonymous shared memory, recycled by
+reference counting (the classes: `size_classes.py`).
 
 One *arena* is one `memfd_create` file mapped once: nothing is named in `/dev/shm`, so a killed
 process leaks nothing and a small `/dev/shm` does not limit the pool. Workers open an arena through
@@ -21,7 +22,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .errors import PoolAllocationError
-from .constants import DRY_GROWTH_DIVISOR, DRY_GROWTH_MIN_SLOTS, OVERSIZE_HEADROOM, round_up
+from .constants import DRY_GROWTH_DIVISOR, DRY_GROWTH_MIN_SLOTS, round_up
+from .size_classes import TypicalSize, size_class
 
 PAGE = mmap.PAGESIZE
 _LIMITS = (("ulimit -v (address space)", "RLIMIT_AS"), ("ulimit -n (open files)", "RLIMIT_NOFILE"),
@@ -135,8 +137,9 @@ class SlotLease:
 
 
 class SlotPool:
-    """Fixed-size slots in memfd arenas; grows (never truncates) when it runs dry or a batch is
-    too big for its slots."""
+    """Slots of a few size classes in memfd arenas; grows (never truncates) when it runs dry or a
+    batch is too big for its slots. Tasks get slots of the typical class; a larger batch gets a
+    slot of its own class from a small arena (see `pooled_loader.size_classes`)."""
 
     def __init__(self, slot_bytes: int, num_slots: int, grow_warning: str = ""):
         self._lock = threading.Lock()
@@ -152,7 +155,7 @@ class SlotPool:
         self.fence_done: Callable[[Any], bool] = lambda fence: True
         self.fence_wait: Callable[[Any], None] = lambda fence: None
         self._next_arena = 0
-        self._min_bytes = 0
+        self._typical = TypicalSize()  # tasks get slots of at least this; smaller idle ones retire
         self._grow_warning = grow_warning
         self._warned = False
         self.num_slots_hint = num_slots
@@ -180,10 +183,12 @@ class SlotPool:
         self._free.extend((arena.id, i) for i in range(num_slots))
         self.counters["slots_allocated"] += num_slots
         self.counters["arenas_allocated"] += 1
+        self.counters["peak_bytes"] = max(self.counters["peak_bytes"],
+                                          sum(a.nbytes for a in self._arenas.values()))
         return arena
 
     def _retire_if_idle(self, arena: Arena) -> None:
-        if arena.slot_bytes >= self._min_bytes or arena.id not in self._arenas:
+        if arena.slot_bytes >= self._typical.bytes or arena.id not in self._arenas:
             return
         free_here = [s for s in self._free if s[0] == arena.id]
         if len(free_here) == arena.num_slots:
@@ -213,47 +218,64 @@ class SlotPool:
             self._retire_if_idle(arena)
 
     def acquire(self, min_bytes: int = 0) -> SlotRef:
-        """A free slot of at least `min_bytes`, growing the pool when none is free."""
+        """A free slot of at least `min_bytes` and of the typical class (the smallest such),
+        growing the pool when none is free."""
         with self._lock:
             self._drain_returned()
-            if min_bytes > self._min_bytes:
-                self._min_bytes = min_bytes
-                for arena in list(self._arenas.values()):
-                    self._retire_if_idle(arena)
-            ref = self._pop_free()
+            if min_bytes and not self._typical.seen:  # the first batch sizes the pool
+                self._raise_typical(size_class(min_bytes))
+            want = max(min_bytes, self._typical.bytes)
+            ref = self._pop_free(want)
             if ref is None and self._fenced:  # a copy still reads a released slot: wait, not grow
                 self.fence_wait(self._fenced[0][1])
                 self._fenced[0] = (self._fenced[0][0], None)
                 self._drain_returned()
-                ref = self._pop_free()
+                ref = self._pop_free(want)
             if ref is not None:
                 self.counters["reuses"] += 1
                 return ref
-            return self._grow(min_bytes)
+            return self._grow(want)
 
-    def _pop_free(self) -> SlotRef | None:
-        """The first free slot large enough for the current batches, or None."""
-        for _ in range(len(self._free)):
-            arena_id, index = self._free.popleft()
-            arena = self._arenas[arena_id]
-            if arena.slot_bytes >= self._min_bytes:
-                return arena.slot_ref(index)
-            self._free.append((arena_id, index))
-        return None
+    def _raise_typical(self, nbytes: int) -> None:
+        """Tasks now get slots of at least `nbytes`: idle arenas of smaller slots retire."""
+        if self._typical.raise_to(nbytes):
+            for arena in list(self._arenas.values()):
+                self._retire_if_idle(arena)
 
-    def _grow(self, min_bytes: int) -> SlotRef:
-        live = [a for a in self._arenas.values() if a.slot_bytes >= self._min_bytes]
-        if live:  # ran dry: the user keeps batches
-            self.counters["grown_dry"] += 1
-            if not self._warned and self._grow_warning:
-                self._warned = True
-                warnings.warn(self._grow_warning.format(slots=self.capacity()), stacklevel=4)
-            count = max(DRY_GROWTH_MIN_SLOTS, sum(a.num_slots for a in live) // DRY_GROWTH_DIVISOR)
-            arena = self._add_arena(max(a.slot_bytes for a in live), count)
-        else:  # a batch too large for every slot: larger slots, same count
+    def _pop_free(self, want: int) -> SlotRef | None:
+        """The free slot of the smallest class holding `want` bytes (the longest free of its
+        class), or None."""
+        best, best_bytes = -1, 0
+        for i, (arena_id, _) in enumerate(self._free):
+            slot_bytes = self._arenas[arena_id].slot_bytes
+            if slot_bytes >= want and (best < 0 or slot_bytes < best_bytes):
+                best, best_bytes = i, slot_bytes
+                if slot_bytes == self._typical.bytes:
+                    break
+        if best < 0:
+            return None
+        arena_id, index = self._free[best]
+        del self._free[best]
+        return self._arenas[arena_id].slot_ref(index)
+
+    def _grow(self, want: int) -> SlotRef:
+        typical = self._typical.bytes
+        if want > typical:  # a batch larger than the typical class: a few slots of its class
             self.counters["grown_size"] += 1
-            count = max(self.num_slots_hint, 1)
-            arena = self._add_arena(round_up(int(min_bytes * OVERSIZE_HEADROOM), PAGE), count)
+            arena = self._add_arena(size_class(want), DRY_GROWTH_MIN_SLOTS)
+        else:
+            live = sum(a.num_slots for a in self._arenas.values() if a.slot_bytes >= typical)
+            if live >= self.num_slots_hint:  # ran dry: the user keeps batches
+                self.counters["grown_dry"] += 1
+                if not self._warned and self._grow_warning:
+                    self._warned = True
+                    warnings.warn(self._grow_warning.format(slots=self.capacity()), stacklevel=4)
+                count = max(DRY_GROWTH_MIN_SLOTS, live // DRY_GROWTH_DIVISOR)
+            else:  # the typical class grew: the pool's slots at the new size
+                self.counters["grown_size"] += 1
+                count = max(self.num_slots_hint - live, 1)
+            # before any batch size is known: slots like the ones the pool was made with
+            arena = self._add_arena(typical or self.slot_bytes, count)
         self._free.remove((arena.id, 0))
         return arena.slot_ref(0)
 
@@ -261,9 +283,13 @@ class SlotPool:
         """Give back a slot that was never leased (a task failed or was dropped)."""
         self._returned.append((ref, None))
 
-    def lease(self, ref: SlotRef) -> SlotLease:
-        """Wrap a filled slot; the slot returns to the pool when the lease and its views are gone."""
+    def lease(self, ref: SlotRef, used: int = 0) -> SlotLease:
+        """Wrap a filled slot holding a batch of `used` bytes (0: not known); the slot returns to
+        the pool when the lease and its views are gone."""
         arena = self._arenas[ref.arena_id]
+        if used:
+            with self._lock:
+                self._raise_typical(self._typical.add(used))
         returned = self._returned
         fence = self.release_fence
         self.counters["batches"] += 1
@@ -299,13 +325,17 @@ class SlotPool:
         with self._lock:
             self._drain_returned()
             capacity = self.capacity()
-            free = sum(1 for s in self._free if self._arenas[s[0]].slot_bytes >= self._min_bytes)
+            free = sum(1 for s in self._free
+                       if self._arenas[s[0]].slot_bytes >= self._typical.bytes)
             warm = self.allocations_at_warmup
             return {
                 "slots": capacity,
                 "slots_in_use": capacity - free,
                 "slot_bytes": self.slot_bytes,
                 "bytes": sum(a.nbytes for a in self._arenas.values()),
+                "peak_bytes": self.counters["peak_bytes"],
+                "arenas": len(self._arenas),
+                "size_classes": sorted({a.slot_bytes for a in self._arenas.values()}),
                 "grown": self.counters["grown_dry"] + self.counters["grown_size"],
                 "reuses": self.counters["reuses"],
                 "slots_allocated": self.counters["slots_allocated"],

@@ -123,6 +123,10 @@ class BatchMaker:
         self.getitems = (getitems if not cfg.iterable and cfg.auto_collation and getitems
                          and not self.use_into and not cfg.per_sample_seed else None)
         self.stateful = has_state(cfg.dataset)
+        from .collate import RaggedCollate  # here: collate -> ragged imports this module
+        self.ragged = isinstance(cfg.collate_fn, RaggedCollate)
+        if self.ragged:  # they write straight into a slot, in-process too
+            cfg.pass_collated = False
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -289,11 +293,11 @@ class BatchMaker:
             every = self.cfg.snapshot_every
             snapshot = self.snapshot() if every and self.batches % every == 0 else None
             self.position = StreamPosition(items=self.items, snapshot=snapshot)
+            if self.cfg.collate_fn is not None and self.cfg.auto_collation:
+                return self._write_collated(task_id, samples, None, ref)
             if self.cfg.collate_fn is not None:
                 self.current_index = None  # a collate error is no sample's
-                batch = self.cfg.collate_fn(samples) if self.cfg.auto_collation else \
-                    self.cfg.collate_fn(samples[0])
-                return self._collated(task_id, batch, ref, len(samples))
+                return self._collated(task_id, self.cfg.collate_fn(samples[0]), ref, 1)
             if not self.cfg.auto_collation:
                 return self._write_tree(task_id, samples[0], ref, convert=True)
             return self._collate(task_id, samples, ref, fetch=None)
@@ -312,12 +316,22 @@ class BatchMaker:
                 return self._collated(task_id, self.cfg.collate_fn(sample), ref, 1)
             return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            samples = self._fetch_batch(payload)
-            self.current_index = None
-            return self._collated(task_id, self.cfg.collate_fn(samples), ref, len(samples))
+            return self._write_collated(task_id, self._fetch_batch(payload), payload, ref)
         if self.getitems is not None:
             return self._collate_columns(task_id, self._fetch_batch(payload), ref, payload)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
+
+    def _write_collated(self, task_id: int, samples: list, indices: Any,
+                        ref: SlotRef) -> BatchLayout | Collated:
+        """A custom collate_fn's batch, copied into the slot (in-process: as is, `_collated`);
+        the ragged helpers of `pooled_loader.collate` write theirs there directly
+        (`pooled_loader.ragged`)."""
+        if self.ragged:
+            return self.cfg.collate_fn.pooled_layout(
+                samples, indices, ref, self.arenas.slot,
+                lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+        self.current_index = None  # a collate error is no sample's
+        return self._collated(task_id, self.cfg.collate_fn(samples), ref, len(samples))
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""

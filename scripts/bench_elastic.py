@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -54,15 +55,13 @@ def median_ms(fn, calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def map_states(n: int, world: int, workers: int) -> tuple[float, list[dict]]:
-    """One rank's state_dict() time with `workers` workers, and the states of `world` ranks
-    after 10 batches each (the rank field of one rank's state changed per rank)."""
-    with_rank(0, world)
-    loader = PooledLoader(Tiny(n), batch_size=256, distributed=True, shuffle=True,
-                          num_workers=workers)
-    loader.set_epoch(3)
+def timed_states(loader: PooledLoader, batches: int, world: int,
+                 also: Callable[[dict, int], None] = lambda s, r: None
+                 ) -> tuple[float, list[dict]]:
+    """The loader's state_dict() time after `batches` batches, and the states of `world` ranks
+    (its state with the rank changed, and `also(state, rank)` applied)."""
     it = iter(loader)
-    for _ in range(10):
+    for _ in range(min(batches, len(loader) - 1)):  # mid-epoch
         next(it)
     ms = median_ms(loader.state_dict, 200)
     state = loader.state_dict()
@@ -72,8 +71,18 @@ def map_states(n: int, world: int, workers: int) -> tuple[float, list[dict]]:
     for r in range(world):
         s = copy.deepcopy(state)
         s["_pooled"]["rank"] = r
+        also(s, r)
         states.append(s)
     return ms, states
+
+
+def map_states(n: int, world: int, workers: int) -> tuple[float, list[dict]]:
+    """Map-style: a rank with `workers` workers after 10 batches, as `world` ranks."""
+    with_rank(0, world)
+    loader = PooledLoader(Tiny(n), batch_size=256, distributed=True, shuffle=True,
+                          num_workers=workers)
+    loader.set_epoch(3)
+    return timed_states(loader, 10, world)
 
 
 def wds_states(world: int, workers: int) -> tuple[float, list[dict]]:
@@ -84,21 +93,11 @@ def wds_states(world: int, workers: int) -> tuple[float, list[dict]]:
     with_rank(0, world)
     loader = PooledLoader(WebDataset(root, transform=sample_id, seed=1), batch_size=4,
                           num_workers=workers)
-    it = iter(loader)
-    for _ in range(4 * workers):
-        next(it)
-    ms = median_ms(loader.state_dict, 200)
-    state = loader.state_dict()
-    del it
-    loader.close()
-    states = []
-    for r in range(world):
-        s = copy.deepcopy(state)
-        s["_pooled"]["rank"] = r
-        for w in s["_snapshot"]["_worker_snapshots"].values():
-            w["dataset_state"]["rank"] = r
-        states.append(s)
-    return ms, states
+
+    def set_rank(state: dict, rank: int) -> None:
+        for w in state["_snapshot"]["_worker_snapshots"].values():
+            w["dataset_state"]["rank"] = rank
+    return timed_states(loader, 4 * workers, world, set_rank)
 
 
 def first_batch_s(n: int, merged: dict | None, workers: int) -> float:

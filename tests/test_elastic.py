@@ -117,15 +117,22 @@ def test_resumed_twice_within_an_epoch_still_gives_each_sample_once(tmp_path):
     check_epoch(first + outs, last, cfg, None)
 
 
-def test_a_single_state_suffices_for_lockstep_ranks(monkeypatch):
+def two_rank_states(monkeypatch, steps: int) -> list[dict]:
+    """The states of both ranks of a 2-rank world after `steps` batches (in-process ranks)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     states = []
     for r in range(2):
         monkeypatch.setenv("RANK", str(r))
         loader = make(dict(n=20, batch=2, workers=0, drop_last=False, per_sample_seed=False))
         it = iter(loader)
-        next(it), next(it)
+        for _ in range(steps):
+            next(it)
         states.append(loader.state_dict())
+    return states
+
+
+def test_a_single_state_suffices_for_lockstep_ranks(monkeypatch):
+    states = two_rank_states(monkeypatch, 2)
     assert merge_rank_states([states[1]], lockstep=True)["rounds"] == \
         merge_rank_states(states)["rounds"]
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -137,14 +144,7 @@ def test_a_single_state_suffices_for_lockstep_ranks(monkeypatch):
 
 
 def test_states_that_cannot_be_merged_or_honoured_say_what_differs(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    states = []
-    for r in range(2):
-        monkeypatch.setenv("RANK", str(r))
-        loader = make(dict(n=20, batch=2, workers=0, drop_last=False, per_sample_seed=False))
-        it = iter(loader)
-        next(it)
-        states.append(loader.state_dict())
+    states = two_rank_states(monkeypatch, 1)
     with pytest.raises(StateMismatch, match=r"missing \[1\]"):
         merge_rank_states([states[0]])
     with pytest.raises(StateMismatch, match="no state given"):

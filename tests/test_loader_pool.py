@@ -79,7 +79,8 @@ def test_changing_shapes_grow_slots_and_nothing_is_truncated(num_workers):
         side = 8 * (1 + int(idx[0]) // 16)
         assert x.shape == (8, side, side)
         assert torch.equal(x[:, 0, 0], idx.float())
-    assert loader.stats()["grown"] >= 2
+    # these batches (2-18 KiB) all fit the smallest size class: the first slots grow once
+    assert loader.stats()["grown"] >= 1 and loader.stats()["slot_bytes"] >= 8 * 24 * 24 * 4
 
 
 def test_mixed_shapes_inside_one_batch_raise_a_clear_error():

@@ -1,0 +1,283 @@
+"""Token data: a flat binary file of token ids plus an index of document boundaries, memory-mapped.
+
+Files (``PATH.bin`` and ``PATH.idx``, as nanoGPT's and Megatron's pipelines keep tokens)::
+
+    PATH.bin   the token ids of every document, back to back: num_tokens values of `dtype`,
+               no header (np.memmap(PATH.bin, dtype) reads it as nanoGPT does)
+    PATH.idx   offset  size  field
+               0       8     magic b"PLTOKIDX"
+               8       4     version (little-endian uint32, 1)
+               12      4     dtype, numpy str padded with NULs: b"<u2", b"<u4", b"<i4" or b"<i8"
+               16      8     num_tokens (little-endian uint64)
+               24      8     num_docs (little-endian uint64)
+               32      8 * (num_docs + 1)   document start offsets in tokens (uint64), from 0
+                                            to num_tokens, never decreasing
+
+Both files are untrusted when read: sizes are checked against the header before anything is
+mapped, offsets are checked, and every error names the file and says what to do. Writers write
+under temporary names and rename the index last, so a half-written pair never reads as whole.
+
+`TokenDataset` yields fixed-length windows (pre-training) or whole documents (fine-tuning, with
+`pooled_loader.collate.packed()`/`pad()` and `pooled_loader.samplers`), as numpy views of the
+mapping: the worker's only copy is the one into the batch's slot. It is map-style, so a
+PooledLoader resumes it exactly. Write files with `write_tokens` (numpy arrays) or
+``python -m pooled_loader tokens write OUT --from DIR --tokenizer module:function``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import struct
+import tempfile
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from torch.utils.data import Dataset
+
+MAGIC = b"PLTOKIDX"
+VERSION = 1
+HEADER = struct.Struct("<8sI4sQQ")  # magic, version, dtype, num_tokens, num_docs
+DTYPES = ("<u2", "<u4", "<i4", "<i8")  # what a token id file may hold
+TEXT_EXTENSIONS = (".txt", ".md", ".json", ".jsonl")
+
+
+class TokenFileError(ValueError):
+    """A token file pair is missing, truncated or not one this library wrote."""
+
+
+def _paths(path: str | os.PathLike) -> tuple[str, str]:
+    path = os.fspath(path)
+    for suffix in (".bin", ".idx"):
+        if path.endswith(suffix):
+            path = path[:-len(suffix)]
+    return path + ".bin", path + ".idx"
+
+
+# -- writing -------------------------------------------------------------------------------------
+def write_tokens(path: str | os.PathLike, docs: Iterable[Any], dtype: Any = np.uint32) -> dict:
+    """Write documents (arrays or sequences of token ids) to ``PATH.bin`` + ``PATH.idx``;
+    returns {"num_tokens", "num_docs", "dtype"}."""
+    dtype = np.dtype(dtype).newbyteorder("<")
+    if dtype.str not in DTYPES:
+        raise ValueError(f"token dtype must be one of uint16, uint32, int32, int64, not {dtype}")
+    info = np.iinfo(dtype)
+    bin_path, idx_path = _paths(path)
+    # new files of unpredictable names (a link planted in a shared folder is never written through)
+    tmp_bin, tmp_idx = (_new_temp(name) for name in (bin_path, idx_path))
+    offsets = [0]
+    try:
+        with open(tmp_bin, "wb") as out:
+            for number, doc in enumerate(docs):
+                ids = np.asarray(doc)
+                if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                    raise ValueError(f"document {number}: token ids must be a 1-D sequence of "
+                                     f"ints, got shape {ids.shape} and dtype {ids.dtype}")
+                if ids.size and (int(ids.min()) < info.min or int(ids.max()) > info.max):
+                    raise ValueError(f"document {number}: token id {int(ids.max())} does not fit "
+                                     f"{dtype.name}; write with a wider dtype (uint32)")
+                out.write(ids.astype(dtype, copy=False).tobytes())
+                offsets.append(offsets[-1] + ids.size)
+        header = HEADER.pack(MAGIC, VERSION, dtype.str.encode().ljust(4, b"\0"), offsets[-1],
+                             len(offsets) - 1)
+        with open(tmp_idx, "wb") as out:
+            out.write(header)
+            out.write(np.asarray(offsets, dtype="<u8").tobytes())
+        os.replace(tmp_bin, bin_path)
+        os.replace(tmp_idx, idx_path)  # last: the pair is whole from here on
+    finally:
+        for tmp in (tmp_bin, tmp_idx):
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return {"num_tokens": offsets[-1], "num_docs": len(offsets) - 1, "dtype": dtype.name}
+
+
+def _new_temp(final: str) -> str:
+    fd, name = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(final)),
+                                prefix=os.path.basename(final) + ".", suffix=".tmp")
+    os.close(fd)
+    return name
+
+
+def load_tokenizer(spec: str) -> Callable[[str], Any]:
+    """The function ``module:function`` names (text -> token ids)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"--tokenizer takes module:function (e.g. mytok:encode), not {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--tokenizer {spec}: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"--tokenizer {spec} is not a function")
+    return fn
+
+
+def text_files(folder: str, extensions: tuple[str, ...] = TEXT_EXTENSIONS) -> list[str]:
+    """Text files under `folder` (recursively, sorted, dot-files and dot-folders skipped)."""
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder}: not a folder of text files")
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.join(root, f) for f in sorted(files)
+                  if not f.startswith(".") and f.lower().endswith(extensions)]
+    if not found:
+        raise ValueError(f"{folder}: no text files ({', '.join(extensions)}) found")
+    return found
+
+
+def write_from_texts(path: str, folder: str, tokenizer: Callable[[str], Any],
+                     dtype: Any = np.uint32) -> dict:
+    """One document per text file of `folder`, tokenized by `tokenizer(text)`."""
+    def docs() -> Iterable[Any]:
+        for name in text_files(folder):
+            with open(name, encoding="utf-8", errors="replace") as f:
+                try:
+                    yield tokenizer(f.read())
+                except Exception as exc:
+                    raise ValueError(f"{name}: the tokenizer failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+    return write_tokens(path, docs(), dtype)
+
+
+# -- reading -------------------------------------------------------------------------------------
+def read_index(path: str | os.PathLike) -> tuple[np.dtype, int, np.ndarray]:
+    """(dtype, num_tokens, document offsets) of a token file pair, checked."""
+    bin_path, idx_path = _paths(path)
+    try:
+        idx_size = os.path.getsize(idx_path)
+        bin_size = os.path.getsize(bin_path)
+    except OSError as exc:
+        raise TokenFileError(f"{exc.filename}: {exc.strerror}; write token files with "
+                             "`python -m pooled_loader tokens write` or write_tokens()") from None
+    with open(idx_path, "rb") as f:
+        head = f.read(HEADER.size)
+    if len(head) < HEADER.size or head[:8] != MAGIC:
+        raise TokenFileError(f"{idx_path}: not a token index (bad magic or shorter than its "
+                             "header); rewrite it with `python -m pooled_loader tokens write`")
+    _, version, dtype_raw, num_tokens, num_docs = HEADER.unpack(head)
+    if version != VERSION:
+        raise TokenFileError(f"{idx_path}: token index version {version}, this library reads "
+                             f"version {VERSION}; rewrite it")
+    dtype_str = dtype_raw.rstrip(b"\0").decode("ascii", "replace")
+    if dtype_str not in DTYPES:
+        raise TokenFileError(f"{idx_path}: unknown token dtype {dtype_str!r}")
+    dtype = np.dtype(dtype_str)
+    if idx_size != HEADER.size + 8 * (num_docs + 1):
+        raise TokenFileError(f"{idx_path}: {idx_size} bytes, but its header announces {num_docs} "
+                             "documents; the file is truncated or corrupt: rewrite it")
+    if bin_size != num_tokens * dtype.itemsize:
+        raise TokenFileError(f"{bin_path}: {bin_size} bytes, but {idx_path} announces "
+                             f"{num_tokens} tokens of {dtype.name}; the pair does not match: "
+                             "rewrite it")
+    offsets = np.fromfile(idx_path, dtype="<u8", count=num_docs + 1, offset=HEADER.size)
+    if offsets[0] != 0 or offsets[-1] != num_tokens or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        raise TokenFileError(f"{idx_path}: document offsets are not 0..{num_tokens} in order; "
+                             "the file is corrupt: rewrite it")
+    return dtype, int(num_tokens), offsets.astype(np.int64)
+
+
+class TokenDataset(Dataset):
+    """Windows or documents of a token file pair, as numpy views of its memory map.
+
+    `seq_len` given: item i is the window of `seq_len` tokens starting at ``i * stride``
+    (`stride` defaults to `seq_len`; windows run across document boundaries, as pre-training
+    reads them; ask for ``block + 1`` tokens to take shifted targets from each window).
+    `seq_len` None: item i is document i, cut to its first `max_len` tokens if given.
+    """
+
+    def __init__(self, path: str | os.PathLike, seq_len: int | None = None,
+                 stride: int | None = None, max_len: int | None = None):
+        self.path = os.fspath(path)
+        self.dtype, self.num_tokens, self.offsets = read_index(self.path)
+        self.seq_len, self.stride, self.max_len = seq_len, stride or seq_len, max_len
+        for name, value in (("seq_len", seq_len), ("stride", stride), ("max_len", max_len)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
+        if seq_len is not None and max_len is not None:
+            raise ValueError("max_len cuts documents; with seq_len (windows) leave it out")
+        if seq_len is not None and self.num_tokens < seq_len:
+            raise ValueError(f"{_paths(self.path)[0]}: {self.num_tokens} tokens, fewer than one "
+                             f"window of seq_len={seq_len}")
+        self._tokens: np.ndarray | None = None  # mapped on first use, in each process
+        self._file: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None, "_file": None}  # workers map it themselves
+
+    def _map(self) -> np.ndarray:
+        if self._tokens is None:
+            bin_path = _paths(self.path)[0]
+            self._file = open(bin_path, "rb")
+            self._check_size()
+            # a plain ndarray over the mapping (its base keeps the map open), so items are
+            # ordinary arrays for every collate
+            self._tokens = (np.memmap(self._file, dtype=self.dtype, mode="r").view(np.ndarray)
+                            if self.num_tokens else np.empty(0, self.dtype))
+        else:
+            self._check_size()
+        return self._tokens
+
+    def _check_size(self) -> None:
+        """A file cut short while mapped would kill the process (SIGBUS) at the first read past
+        its new end: one fstat per item turns that into an error naming the file."""
+        if os.fstat(self._file.fileno()).st_size < self.num_tokens * self.dtype.itemsize:
+            raise TokenFileError(f"{self._file.name}: the file shrank while it was open (it was "
+                                 f"{self.num_tokens} tokens); was it rewritten in place?")
+
+    def __len__(self) -> int:
+        if self.seq_len is None:
+            return len(self.offsets) - 1
+        return (self.num_tokens - self.seq_len) // self.stride + 1
+
+    def lengths(self) -> np.ndarray:
+        """Every item's length in tokens, from the index alone (for `pooled_loader.samplers`)."""
+        if self.seq_len is not None:
+            return np.full(len(self), self.seq_len, dtype=np.int64)
+        lengths = np.diff(self.offsets)
+        return lengths if self.max_len is None else np.minimum(lengths, self.max_len)
+
+    def max_id(self) -> int:
+        """The largest token id in the file (one pass over the mapping; -1 when empty), e.g. to
+        size an embedding."""
+        tokens = self._map()
+        return int(tokens.max()) if tokens.size else -1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} items of {self.path}")
+        i %= n
+        if self.seq_len is not None:
+            start = i * self.stride
+            return self._map()[start:start + self.seq_len]
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        if self.max_len is not None:
+            end = min(end, start + self.max_len)
+        return self._map()[start:end]
+
+
+# -- command line --------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """``python -m pooled_loader tokens {write,info}``."""
+    parser = argparse.ArgumentParser(prog="python -m pooled_loader tokens",
+                                     description="write and inspect memory-mapped token files")
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="tokenize a folder of text files (one document per file)")
+    w.add_argument("out", help="output path: writes OUT.bin and OUT.idx")
+    w.add_argument("--from", dest="folder", required=True, help="folder of text files")
+    w.add_argument("--tokenizer", required=True,
+                   help="module:function taking a str and returning token ids")
+    w.add_argument("--dtype", default="uint32", choices=["uint16", "uint32", "int32", "int64"])
+    i = sub.add_parser("info", help="check a token file pair and print its counts")
+    i.add_argument("path")
+    args = parser.parse_args(argv)
+    if args.command == "write":
+        stats = write_from_texts(args.out, args.folder, load_tokenizer(args.tokenizer),
+                                 args.dtype)
+    else:
+        dtype, num_tokens, offsets = read_index(args.path)
+        stats = {"num_tokens": num_tokens, "num_docs": len(offsets) - 1, "dtype": dtype.name}
+    print(f"{stats['num_docs']} documents, {stats['num_tokens']} tokens ({stats['dtype']})")
+    return 0
