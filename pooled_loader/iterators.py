@@ -127,7 +127,12 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         self._last_yield: float | None = None
         self._dataset = loader.dataset
         self._num_workers = loader.num_workers
-        self._small_copied = not _pins_pool(loader)  # a pinned batch stays pinned, all of it
+        # Small leaves are copied out of their slot at hand-out (see _build), except from a
+        # pinned pool (the whole batch stays pinned) and for the ragged helpers, whose
+        # per-sample views of the slot are what they promise.
+        from .collate import RaggedCollate  # here: collate -> ragged -> worker -> this module
+        self._small_copied = not (_pins_pool(loader) or isinstance(loader.collate_fn,
+                                                                  RaggedCollate))
         self._reset_length_check(loader)
         # A datapipe's shared seed, then the sampler, then the base seed, as DataLoader does
         # (even without workers), so a seeded generator gives DataLoader's exact shuffle order.
@@ -286,7 +291,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
                                                                   total // SMALL_LEAF_SHARE)
         for leaf, off in layout.leaves:
             raw = base[off:off + leaf.nbytes]
-            if leaf.nbytes <= small:
+            if 0 < leaf.nbytes <= small:
                 raw = raw.copy()
             nbytes += leaf.nbytes
             if leaf.kind == "tensor":
