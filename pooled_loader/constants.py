@@ -33,6 +33,16 @@ wait is within the noise of a loaded machine and the training step dominates."""
 DEFAULT_PREFETCH_FACTOR = 2
 """Batches per worker in flight when `prefetch_factor` is not given (as torch's DataLoader)."""
 
+SMALL_LEAF_BYTES = 64 * 1024
+"""Bytes. Batch leaves up to this size and at most 1/SMALL_LEAF_SHARE of their batch (labels,
+ids, lengths beside images) are copied out of their slot when handed out (unless the pool is
+pinned), so keeping only them does not keep the slot from reuse."""
+
+SMALL_LEAF_SHARE = 16
+
+SMALL_BATCH_BYTES = 4096
+"""Bytes. A batch whose leaves total at most this is copied out of its slot whole."""
+
 DEFAULT_POOL_EXTRA_SLOTS = 2
 """Slots. Pool slots beyond the batches in flight: the batch the training step is using and the one
 the loader hands out next, so workers never wait for a slot in a loop that drops its batches."""

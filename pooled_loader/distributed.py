@@ -4,7 +4,8 @@
 (``elastic.ElasticDistributedSampler``: torch's ``DistributedSampler``, every rank gets
 ``ceil(len / world)`` indices, padded by repetition unless ``drop_last``, reshuffled by
 ``sampler.set_epoch``, and its epoch can be resumed on another world size).
-:func:`warn_if_undistributed` is the loader's guard against the common mistake of running DDP
+:func:`warn_if_undistributed` (at a loader's first ``iter()``, when accelerate or Lightning
+have put their own sampler in) is the loader's guard against the common mistake of running DDP
 with ``shuffle=True`` and no distributed sampler, where every rank trains on the whole dataset.
 
 Iterable datasets split themselves; :class:`pooled_loader.webdataset.WebDataset` does so with
@@ -20,7 +21,8 @@ from typing import Any, Optional
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler
 
-__all__ = ["rank_and_world", "make_distributed_sampler", "warn_if_undistributed"]
+__all__ = ["rank_and_world", "make_distributed_sampler", "shards_by_rank",
+           "warn_if_undistributed"]
 
 _warned_undistributed = False
 
@@ -66,12 +68,30 @@ def make_distributed_sampler(
     )
 
 
-def warn_if_undistributed(shuffle: bool, sampler: Optional[Sampler]) -> bool:
+def shards_by_rank(*samplers: Any) -> bool:
+    """Whether any of these samplers, batch samplers, or the samplers inside them, gives each
+    rank its own share: torch's ``DistributedSampler`` (and Lightning's wrappers of it), or any
+    sampler with ``num_replicas``/``rank`` or ``num_processes``/``process_index`` (accelerate's
+    ``BatchSamplerShard``)."""
+    seen = [s for s in samplers if s is not None]
+    while seen:
+        part = seen.pop()
+        if isinstance(part, DistributedSampler) or (
+                hasattr(part, "num_replicas") and hasattr(part, "rank")) or (
+                hasattr(part, "num_processes") and hasattr(part, "process_index")):
+            return True
+        seen += [getattr(part, name) for name in ("sampler", "batch_sampler")
+                 if getattr(part, name, None) is not None and getattr(part, name) is not part]
+    return False
+
+
+def warn_if_undistributed(shuffle: bool, sampler: Optional[Sampler],
+                          batch_sampler: Any = None) -> bool:
     """Warn (once per process) when ``torch.distributed`` runs with more than one rank,
-    ``shuffle=True`` and the sampler is not a ``DistributedSampler``: every rank would then see
-    the whole dataset. Returns whether it warned on this call."""
+    ``shuffle=True`` and neither sampler shards by rank (:func:`shards_by_rank`): every rank
+    would then see the whole dataset. Returns whether it warned on this call."""
     global _warned_undistributed
-    if _warned_undistributed or not shuffle or isinstance(sampler, DistributedSampler):
+    if _warned_undistributed or not shuffle or shards_by_rank(sampler, batch_sampler):
         return False
     if not _dist_ready() or dist.get_world_size() < 2:
         return False
@@ -81,6 +101,6 @@ def warn_if_undistributed(shuffle: bool, sampler: Optional[Sampler]) -> bool:
         "shuffles without a DistributedSampler: every rank will iterate over the whole dataset. "
         "Pass distributed=True (or sampler=DistributedSampler(dataset)).",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return True

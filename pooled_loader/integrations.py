@@ -159,8 +159,11 @@ def _swap_base(prepared: Any, template: Any) -> Any:
     if device is None and accel_device is not None and torch.device(accel_device).type == "cuda":
         device = accel_device
     prepared.base_dataloader = _rebuild(base, template, device)
-    if hasattr(prepared.base_dataloader, "state_dict") and hasattr(prepared, "dl_state_dict"):
-        prepared.dl_state_dict = prepared.base_dataloader.state_dict()
+    if hasattr(prepared, "dl_state_dict"):
+        # Not state_dict(): before the first iter() it would start the epoch (draw the shuffle)
+        # now, before accelerate synchronises the processes' RNGs at iter(). {} is torchdata's
+        # "nothing to restore"; accelerate replaces it at the first batch.
+        prepared.dl_state_dict = {}
     return prepared
 
 

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, IterableDataset, IterDataPipe, MapDataP
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data.graph_settings import apply_sharding
 
-from .constants import DEFAULT_PREFETCH_FACTOR
+from .constants import (DEFAULT_PREFETCH_FACTOR, SMALL_BATCH_BYTES, SMALL_LEAF_BYTES,
+                        SMALL_LEAF_SHARE)
 from .errors import PoolAllocationError, WorkerError
 from .interrupts import install_interrupt_guard, signals_held_for_start
 from .layout import unflatten
@@ -40,7 +41,7 @@ from .pool import ArenaMap, SlotRef
 from .processes import (describe_exit, timeout_message, _check_fd_headroom, _forget_arena_hook,
                         _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
 from .resume import Progress, Resume, SamplerCursor
-from .worker import BatchMaker, SampleFailure, WorkerConfig, seed_datapipe, worker_loop
+from .worker import BatchMaker, Collated, SampleFailure, WorkerConfig, seed_datapipe, worker_loop
 
 if TYPE_CHECKING:
     from .loader import PooledLoader
@@ -79,7 +80,7 @@ class _HandedOut:
         return getattr(self.stage, name)
 
 
-class HostTransformIter:
+class HostTransformIter(torch_dataloader._BaseDataLoaderIter):
     """device_transform without a CUDA device: applied on the host after each batch."""
 
     def __init__(self, base: Iterator, transform: Callable) -> None:
@@ -111,8 +112,11 @@ def _base_seed(loader: DataLoader) -> int:
     return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
 
 
-class _IterBase:
-    """What both iterators share: turning done-messages into batches, and bookkeeping."""
+class _IterBase(torch_dataloader._BaseDataLoaderIter):
+    """What both iterators share: turning done-messages into batches, and bookkeeping.
+
+    A `_BaseDataLoaderIter` by type only (its __init__ is not run), for tools that recognise
+    DataLoader iterators that way, e.g. Lightning's CombinedLoader when it is pickled."""
 
     def __init__(self, loader: PooledLoader) -> None:
         install_interrupt_guard()
@@ -123,6 +127,12 @@ class _IterBase:
         self._last_yield: float | None = None
         self._dataset = loader.dataset
         self._num_workers = loader.num_workers
+        # Small leaves are copied out of their slot at hand-out (see _build), except from a
+        # pinned pool (the whole batch stays pinned) and for the ragged helpers, whose
+        # per-sample views of the slot are what they promise.
+        from .collate import RaggedCollate  # here: collate -> ragged -> worker -> this module
+        self._small_copied = not (_pins_pool(loader) or isinstance(loader.collate_fn,
+                                                                  RaggedCollate))
         self._reset_length_check(loader)
         # A datapipe's shared seed, then the sampler, then the base seed, as DataLoader does
         # (even without workers), so a seeded generator gives DataLoader's exact shuffle order.
@@ -273,8 +283,16 @@ class _IterBase:
         del lease
         arrays = []
         nbytes = 0
+        # Kept labels must not keep the slot of the images (README, "Kept batches are safe")
+        small = 0
+        if self._small_copied:
+            total = sum(leaf.nbytes for leaf, _ in layout.leaves)
+            small = total if total <= SMALL_BATCH_BYTES else min(SMALL_LEAF_BYTES,
+                                                                  total // SMALL_LEAF_SHARE)
         for leaf, off in layout.leaves:
             raw = base[off:off + leaf.nbytes]
+            if 0 < leaf.nbytes <= small:
+                raw = raw.copy()
             nbytes += leaf.nbytes
             if leaf.kind == "tensor":
                 arrays.append(torch.from_numpy(raw).view(getattr(torch, leaf.dtype))
@@ -316,6 +334,18 @@ def _worker_config(loader: PooledLoader, iterable: bool, seed: int, *,
                         snapshot_every=loader.snapshot_every_n_steps)
 
 
+def _pins_pool(loader: PooledLoader) -> bool:
+    """Whether batches come from a pinned pool (a CUDA device, or pin_memory with CUDA)."""
+    on_cuda = loader.device is not None and loader.device.type == "cuda"
+    return on_cuda or (loader.pin_memory and torch.cuda.is_available())
+
+
+def _passes_collated(loader: PooledLoader) -> bool:
+    """In-process, a custom collate's output needs no slot unless the pool is pinned for a
+    device copy: hand it out as it is (DataLoader's cost, not a copy more)."""
+    return loader._pooled_collate() is not None and not _pins_pool(loader)
+
+
 class InProcessIter(_IterBase):
     """num_workers=0: the same data path, run in the main process."""
 
@@ -329,6 +359,7 @@ class InProcessIter(_IterBase):
 
         cfg = _worker_config(loader, self._iterable, self._seed, worker_init_fn=None,
                              start_method="none")
+        cfg.pass_collated = _passes_collated(loader)
         if isinstance(loader.dataset, (IterDataPipe, MapDataPipe)):  # shard by rank, as DataLoader
             world_size, rank = torch_dataloader._get_distributed_settings()
             apply_sharding(loader.dataset, world_size, rank)
@@ -336,6 +367,16 @@ class InProcessIter(_IterBase):
         self._maker.reset_iterator(self._progress.resume_stream(0))
         self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
         self._task = 0
+
+    def _release(self, ref: SlotRef | None) -> None:
+        if ref is not None:
+            self._pool.release(ref)
+
+    def _count(self, result: Collated) -> Any:
+        c = self._stats.counters
+        c["batches"] += 1
+        c["samples"] += result.num_samples
+        return result.batch
 
     def __next__(self) -> Any:
         started = time.perf_counter()
@@ -347,29 +388,29 @@ class InProcessIter(_IterBase):
                 self._progress.finish()
                 self._epoch_done()
                 raise
-        ref = self._pool.acquire()
+        ref = None if self._maker.cfg.pass_collated else self._pool.acquire()
         try:
             built = time.perf_counter()
             result = self._maker.make(self._task, payload, ref, self._sample_epoch(),
                                       self._stats.tracing)
         except SampleFailure as failure:
-            self._pool.release(ref)
+            self._release(ref)
             raise failure.__cause__ from None
         except BaseException:
-            self._pool.release(ref)
+            self._release(ref)
             raise
         finally:
             self._stats.record_skips(self._maker.skipped)
         self._task += 1
         if result is None:
-            self._pool.release(ref)
+            self._release(ref)
             self._progress.delivered_end(0)
             self._progress.finish()
             self._epoch_done()
             raise StopIteration
         self._stats.record_batch(0, self._maker.stages, result.num_samples,
                                  time.perf_counter() - built, self._maker.spans, track=0)
-        batch = self._build(result)
+        batch = self._build(result) if type(result) is not Collated else self._count(result)
         if self._iterable:
             self._progress.delivered_batch(0, self._maker.position)
         else:

@@ -8,6 +8,7 @@ of the slot.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ class Leaf:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.storage_dtype.itemsize
+        return math.prod(self.shape) * self.storage_dtype.itemsize  # per batch and leaf: no numpy
 
 
 _NUMBER_DTYPES = {bool: "bool", int: "int64", float: "float64"}

@@ -24,6 +24,7 @@ from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMism
                      WorkerStream, parse)
 from .stats import LoaderStats, report_text
 from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
+from .yielded import expose, honour_adjustment
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -109,12 +110,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        if not distributed and shuffle_requested:
-            try:
-                from .distributed import warn_if_undistributed
-                warn_if_undistributed(bool(shuffle_requested), self.sampler)
-            except ImportError:
-                pass
+        # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
+        self._check_undistributed = bool(shuffle_requested) and not distributed
         self.pool_slots = pool_slots
         # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
         # same: the loader does the skipping so that batches keep their size.
@@ -193,7 +190,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             if elastic is not None:  # what merge_rank_states needs besides the counts
                 state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
                                                "shuffle": elastic.shuffle, "plan": elastic.plan}
-            return state
+            return expose(state)
         return copy.deepcopy(self._resume_raw)
 
     def _elastic_sampler(self) -> Any:
@@ -240,6 +237,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if is_merged(state) and state.get("iterable"):
             self._load_merged_streams(state)
             return
+        state = honour_adjustment(state)  # counts lowered by accelerate (see yielded.py)
         elastic = self._elastic_sampler()
         if elastic is not None and self._load_elastic(state, elastic):
             return
@@ -348,6 +346,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._pool.close()
             self._pool = None
 
+    def __getstate__(self) -> dict:
+        """For pickle and copy.deepcopy, as DataLoader: the arguments, the statistics and a loaded
+        state travel; the pool, the workers and the live epoch's position do not (a copy makes
+        its own on its first iter())."""
+        state = self.__dict__.copy()
+        state.update(_pool=None, _iterator=None, _progress=None, _state_iterator=None)
+        return state
+
     # -- iterator plumbing ---------------------------------------------------------------------
     def _default_slots(self) -> int:
         if self.pool_slots is not None:
@@ -360,12 +366,19 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         return self._pool
 
     def _pooled_collate(self) -> Callable | None:
-        """None when the collate function is torch's default (we then collate into the slot)."""
-        if self.collate_fn is default_collate or self.collate_fn is default_convert:
+        """None when the collate function is the one DataLoader picks by default (we then
+        collate into the slot); an explicit default_collate without batching or default_convert
+        with it runs as any other collate function, as in DataLoader."""
+        default = default_collate if self._auto_collation else default_convert
+        if self.collate_fn is default:
             return None
         return self.collate_fn
 
     def _get_iterator(self) -> Iterator:
+        if self._check_undistributed:
+            self._check_undistributed = False
+            from .distributed import warn_if_undistributed
+            warn_if_undistributed(True, self.sampler, self.batch_sampler)
         if self.num_workers == 0:
             it: Iterator = InProcessIter(self)
         else:

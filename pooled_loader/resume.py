@@ -39,12 +39,12 @@ from .state_keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_E
                          LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, POOLED,
                          SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP, STEPS_SINCE_SNAPSHOT,
                          WORKER_ID, WORKER_SNAPSHOTS)
+from .stateful import follows_stateful
 
 
 def has_state(obj: Any) -> bool:
-    """Duck-typed torchdata `Stateful`: has both `state_dict` and `load_state_dict`."""
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None))
+    """torchdata's `Stateful`: `state_dict()` and `load_state_dict(state)` (`stateful.py`)."""
+    return follows_stateful(obj)
 
 
 # -- per-sample seeds -----------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .interrupts import ignore_sigint_in_worker
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, leaf_of, metas_in_sequences, place, same_structure)
+from .columns import flat_columns, write_column
+from .mismatch import mismatch_message
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        SetEpoch, Slot, Started, StreamPosition, Task)
 from .resume import has_state, sample_seed, seed_globals
@@ -62,6 +64,7 @@ class WorkerConfig:
     epoch: int = 0  # the iterator's epoch counter when the workers start (echoed by Started)
     close_in_child: list[int] = field(default_factory=list)
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
+    pass_collated: bool = False  # in-process, nothing pinned: a custom collate's output as is
 
 
 class _Rows(NamedTuple):
@@ -71,6 +74,13 @@ class _Rows(NamedTuple):
     offsets: list[int]
     views: list[np.ndarray]
     nbytes: int
+
+
+class Collated(NamedTuple):
+    """A custom collate's output handed out as it is (``WorkerConfig.pass_collated``)."""
+
+    batch: Any
+    num_samples: int
 
 
 class SampleFailure(Exception):
@@ -108,9 +118,16 @@ class BatchMaker:
         self.dataset_len = None
         self.use_into = (not cfg.iterable and cfg.collate_fn is None and cfg.auto_collation
                          and callable(getattr(cfg.dataset, "getitem_into", None)))
+        # DataLoader's _MapDatasetFetcher: a batch through __getitems__ when the dataset has it
+        # (per-sample seeds and getitem_into need one sample at a time)
+        getitems = getattr(cfg.dataset, "__getitems__", None)
+        self.getitems = (getitems if not cfg.iterable and cfg.auto_collation and getitems
+                         and not self.use_into and not cfg.per_sample_seed else None)
         self.stateful = has_state(cfg.dataset)
         from .collate import RaggedCollate  # here: collate -> ragged imports this module
         self.ragged = isinstance(cfg.collate_fn, RaggedCollate)
+        if self.ragged:  # they write straight into a slot, in-process too
+            cfg.pass_collated = False
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -124,6 +141,7 @@ class BatchMaker:
         self.getitem_ns = 0  # the batch's time in the dataset's __getitem__ / next() (stages.py)
         self.stages: dict[str, float] = {}  # seconds per stage of the last batch built
         self.spans: list | None = None  # and its spans, when it was traced
+        self.ended = False  # iterable: this epoch's iterator raised StopIteration
 
     # -- fetching samples ------------------------------------------------------------------------
     def reset_iterator(self, stream: dict | None = None) -> None:
@@ -133,6 +151,7 @@ class BatchMaker:
         it), then the items consumed after that state are skipped. A stream marked `new_epoch`
         (a state saved at an epoch's end) restores the states, then starts the next epoch."""
         self.items = self.batches = 0
+        self.ended = False
         dataset = self.cfg.dataset
         if stream is not None and stream["dataset_state"] is not None and self.stateful:
             dataset.load_state_dict(stream["dataset_state"])
@@ -158,9 +177,12 @@ class BatchMaker:
         if self.cfg.per_sample_seed:
             seed_globals(sample_seed(self.cfg.base_seed, self.seed_epoch,
                                      (self.worker_id << 40) + self.items))
+        if self.ended:  # as DataLoader's fetcher: an ended iterator is not asked again
+            return None
         try:
             item = next(self.iterator)
         except StopIteration:
+            self.ended = True
             return None
         self.items += 1
         return (item,)
@@ -193,6 +215,35 @@ class BatchMaker:
             if self.cfg.on_error != "skip":
                 raise SampleFailure(index) from exc
             return self._replace(index, exc, out)
+
+    def _fetch_batch(self, indices: Any) -> list:
+        """The samples of a batch: through `__getitems__` as DataLoader does, or one by one.
+        With on_error="skip", a failing `__getitems__` is retried sample by sample."""
+        if self.getitems is None:
+            if self.cfg.on_error == "skip" or self.cfg.per_sample_seed:
+                return [self._fetch(i) for i in indices]
+            dataset, samples, index = self.cfg.dataset, [], None
+            try:  # _fetch's work without a call per sample (this runs per sample of a batch)
+                for index in indices:
+                    samples.append(dataset[index])
+            except Exception as exc:
+                self.current_index = index
+                raise SampleFailure(index) from exc
+            return samples
+        self.current_index = indices
+        try:
+            return self.getitems(indices)
+        except Exception as exc:
+            if self.cfg.on_error != "skip":
+                raise SampleFailure(indices) from exc
+        return [self._fetch(i) for i in indices]
+
+    def _collated(self, task_id: int, batch: Any, ref: SlotRef,
+                  num_samples: int) -> BatchLayout | Collated:
+        """A custom collate's output: copied into the slot, or as is in-process."""
+        if self.cfg.pass_collated:
+            return Collated(batch, num_samples)
+        return self._write_tree(task_id, batch, ref, convert=False)
 
     def _replace(self, index: Any, exc: Exception, out: Any) -> Any:
         """on_error="skip": draw replacement samples, reproducibly from the seed and the index."""
@@ -232,7 +283,7 @@ class BatchMaker:
 
     # -- building ---------------------------------------------------------------------------------
     def make(self, task_id: int, payload: Any, ref: SlotRef, seed_epoch: int = 0,
-             trace: bool = False) -> BatchLayout | None:
+             trace: bool = False) -> BatchLayout | Collated | None:
         """Fill `ref` with the batch of `payload`; returns where it lies (the slot may have been
         swapped for a bigger one), or None at the end of an iterable dataset. Leaves the batch's
         stage timings in `stages` (and, if `trace`, its spans in `spans`)."""
@@ -262,9 +313,9 @@ class BatchMaker:
             if self.cfg.collate_fn is not None and self.cfg.auto_collation:
                 return self._write_collated(task_id, samples, None, ref)
             if self.cfg.collate_fn is not None:
+                self.current_index = None  # a collate error is no sample's
                 with CLOCK.timing("collate"):
-                    return self._write_tree(task_id, self.cfg.collate_fn(samples[0]), ref,
-                                            convert=False)
+                    return self._collated(task_id, self.cfg.collate_fn(samples[0]), ref, 1)
             if not self.cfg.auto_collation:
                 with CLOCK.timing("collate"):
                     return self._write_tree(task_id, samples[0], ref, convert=True)
@@ -281,12 +332,15 @@ class BatchMaker:
             sample = self._timed_fetch(payload)
             with CLOCK.timing("collate"):
                 if self.cfg.collate_fn is not None:
-                    return self._write_tree(task_id, self.cfg.collate_fn(sample), ref,
-                                            convert=False)
+                    self.current_index = None
+                    return self._collated(task_id, self.cfg.collate_fn(sample), ref, 1)
                 return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            samples = [self._timed_fetch(i) for i in payload]
-            return self._write_collated(task_id, samples, payload, ref)
+            return self._write_collated(task_id, self._timed_batch(payload), payload, ref)
+        if self.getitems is not None:
+            samples = self._timed_batch(payload)
+            with CLOCK.timing("collate"):
+                return self._collate_columns(task_id, samples, ref, payload)
         return self._collate(task_id, payload, ref, fetch=self._fetch)
 
     def _timed_fetch(self, index: Any) -> Any:
@@ -296,16 +350,26 @@ class BatchMaker:
         finally:
             self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), index)
 
+    def _timed_batch(self, indices: Any) -> list:
+        """`_fetch_batch`, its time booked as the batch's getitem (one span for the batch)."""
+        start = perf_counter_ns()
+        try:
+            return self._fetch_batch(indices)
+        finally:
+            self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), indices)
+
     def _write_collated(self, task_id: int, samples: list, indices: Any,
-                        ref: SlotRef) -> BatchLayout:
-        """A custom collate_fn's batch, copied into the slot; the ragged helpers of
-        `pooled_loader.collate` write theirs there directly (`pooled_loader.ragged`)."""
+                        ref: SlotRef) -> BatchLayout | Collated:
+        """A custom collate_fn's batch, copied into the slot (in-process: as is, `_collated`);
+        the ragged helpers of `pooled_loader.collate` write theirs there directly
+        (`pooled_loader.ragged`)."""
         with CLOCK.timing("collate"):
             if self.ragged:
                 return self.cfg.collate_fn.pooled_layout(
                     samples, indices, ref, self.arenas.slot,
                     lambda nbytes, old: self.request_slot(task_id, nbytes, old))
-            return self._write_tree(task_id, self.cfg.collate_fn(samples), ref, convert=False)
+            self.current_index = None  # a collate error is no sample's
+            return self._collated(task_id, self.cfg.collate_fn(samples), ref, len(samples))
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
@@ -339,9 +403,11 @@ class BatchMaker:
 
     def _collate(self, task_id: int, items: list, ref: SlotRef,
                  fetch: Callable | None) -> BatchLayout:
-        """default_collate, writing sample j's leaves straight into row j of each batch leaf."""
+        """default_collate, writing sample j's leaves straight into row j of each batch leaf
+        (`items`: indices to `fetch`, or the samples)."""
         batch = len(items)
         collating = CLOCK.collating()  # timings: the time between fetches is collate's
+        names = items if fetch is not None else range(batch)
         slot = self.arenas.slot(ref)
         rows = self._rows(slot, self._leaves, batch) if (self._leaves and self.use_into) else None
         guess = rows
@@ -391,11 +457,8 @@ class BatchMaker:
                 else:
                     self._write_row(rows, j, s_arrays, checks)
             except StructureMismatch:
-                raise RuntimeError(
-                    "default_collate: every sample of a batch must have the same structure and "
-                    f"array shapes/dtypes, but sample {items[j] if fetch else j} differs from "
-                    f"sample {items[0] if fetch else 0}: "
-                    f"{_describe(sample)} vs {_describe(first)}") from None
+                self.current_index = None  # the message names both samples
+                raise RuntimeError(mismatch_message(first, sample, names[0], names[j])) from None
             for col, m in zip(meta_columns, s_metas):
                 col.append(m)
         if pending is not None:
@@ -409,6 +472,45 @@ class BatchMaker:
                              metas=_collate_metas(spec, meta_columns), num_samples=batch)
         self.getitem_ns += collating.done()
         return layout
+
+    def _collate_columns(self, task_id: int, samples: list, ref: SlotRef,
+                         names: Any) -> BatchLayout:
+        """default_collate of samples already in memory, one stack per leaf (`columns.py`)."""
+        batch = len(samples)
+        arrays: list = []
+        metas: list = []
+        spec = flatten(samples[0], arrays, metas, numbers=True)
+        leaves = [leaf_of(a, numbers=True) for a in arrays]
+        flat = flat_columns(spec, samples)
+        columns, meta_columns = flat or ([[a] for a in arrays], [[m] for m in metas])
+        for j in range(1 if flat is None else batch, batch):
+            s_arrays: list = []
+            s_metas: list = []
+            try:
+                extract(spec, samples[j], s_arrays, s_metas)
+                if len(s_arrays) != len(leaves):
+                    raise StructureMismatch
+            except StructureMismatch:
+                self._mismatch(samples, names, j)
+            for col, value in zip(columns, s_arrays):
+                col.append(value)
+            for col, m in zip(meta_columns, s_metas):
+                col.append(m)
+        total = place([_collated_leaf(l, batch) for l in leaves])[1]
+        if total > ref.nbytes:
+            ref = self.request_slot(task_id, total, ref)
+        rows = self._rows(self.arenas.slot(ref), leaves, batch)
+        for view, leaf, out_leaf, column in zip(rows.views, leaves, rows.leaves, columns):
+            bad = write_column(view, out_leaf, column, _leaf_check(column[0], leaf))
+            if bad is not None:
+                self._mismatch(samples, names, bad)
+        return BatchLayout(ref=ref, spec=collated_spec(spec),
+                           leaves=list(zip(rows.leaves, rows.offsets)),
+                           metas=_collate_metas(spec, meta_columns), num_samples=batch)
+
+    def _mismatch(self, samples: list, names: Any, j: int) -> None:
+        self.current_index = None  # the message names both samples
+        raise RuntimeError(mismatch_message(samples[0], samples[j], names[0], names[j]))
 
     @staticmethod
     def _write_row(rows: _Rows, j: int, arrays: list, checks: list | None = None) -> None:
@@ -462,13 +564,6 @@ def _leaf_check(first: Any, leaf: Leaf) -> Callable[[Any], np.ndarray]:
             value = value.view(storage)
         return value
     return check_array
-
-
-def _describe(sample: Any) -> str:
-    arrays: list = []
-    metas: list = []
-    flatten(sample, arrays, metas, numbers=True)
-    return str([(tuple(l.shape), l.dtype) for l in map(lambda a: leaf_of(a, True), arrays)])
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:

@@ -5,6 +5,7 @@ OUT/rank{r}.json with what each rank saw."""
 import json
 import os
 import sys
+import warnings
 
 import torch
 from torch.utils.data import Dataset
@@ -52,9 +53,13 @@ def main(out):
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    trainer.fit(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    undistributed = sum("every rank will iterate" in str(w.message) for w in caught)
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
-        json.dump({"seen": model.seen, **model.loader_info}, f)
+        json.dump({"seen": model.seen, "undistributed_warnings": undistributed,
+                   **model.loader_info}, f)
 
 
 if __name__ == "__main__":

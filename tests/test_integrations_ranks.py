@@ -36,6 +36,7 @@ def test_lightning_ddp_keeps_pooled_loader_with_distributed_sampler(tmp_path):
         assert r["type"] == "PooledLoader" and r["sampler"] == "DistributedSampler"
         assert r["pool_slots"] == 7 and r["batches"] == 4
         assert len(r["seen"]) == 15
+        assert r["undistributed_warnings"] == 0  # Lightning put a DistributedSampler in
     seen = ranks[0]["seen"] + ranks[1]["seen"]
     assert sorted(seen) == list(range(30))  # every sample once
 
@@ -64,3 +65,28 @@ def test_accelerate_two_processes_shard_like_a_dataloader(tmp_path):
     wds = ranks[0]["wds"] + ranks[1]["wds"]
     assert len(ranks[0]["wds"]) == len(ranks[1]["wds"]) == 16  # 33 // 2 per rank
     assert len(set(wds)) == len(wds) and set(wds) <= set(range(33))
+
+
+@pytest.mark.timeout(RANKS_TIMEOUT_S + 30)
+def test_accelerate_stateful_dispatcher_resumes_exactly_like_stateful_dataloader(tmp_path):
+    """use_stateful_dataloader=True, an iterable dataset, 2 processes: accelerate lowers the
+    state's top-level counts to undo its look-ahead; PooledLoader honours that. Also: a
+    shuffled loader prepared by accelerate does not warn that it is undistributed."""
+    pytest.importorskip("accelerate")
+    ranks = run_ranks([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                       "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                       os.path.join(HERE, "ranks_accelerate_state.py"), str(tmp_path)],
+                      str(tmp_path))
+    for r in ranks:
+        ref = r["stateful"]
+        assert ref["resumed"] == ref["rest"]  # StatefulDataLoader (0 workers) resumes exactly
+        for name in ("pooled0", "pooled2"):
+            ours = r[name]
+            assert ours["inner"] == "PooledLoader"
+            assert ours["resumed"] == ours["rest"], name
+            assert len(ours["head"]) + len(ours["rest"]) == len(ref["head"]) + len(ref["rest"])
+        assert r["pooled0"] == {**ref, "inner": "PooledLoader"}  # the very same batches
+        assert r["prepared_warned"] == 0  # accelerate shards it: no false warning
+        assert r["raw_warned"] == 1  # an unprepared shuffled loader on 2 ranks: a true one
+    labels = sorted(i for r in ranks for b in r["prepared_labels"] for i in b)
+    assert set(labels) == set(range(37))

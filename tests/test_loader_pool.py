@@ -28,7 +28,8 @@ def test_batches_are_views_of_the_pool_and_slots_are_recycled(num_workers):
                           persistent_workers=num_workers > 0)
     for epoch in range(3):
         for images, labels in loader:
-            assert inside_pool(loader, images) and inside_pool(loader, labels)
+            assert inside_pool(loader, images)
+            assert not inside_pool(loader, labels)  # small: copied out, so keeping it is cheap
             assert (images[:, 0, 0, 0].long() == labels % 251).all()
     stats = loader.stats()
     assert stats["allocations_after_warmup"] == 0
