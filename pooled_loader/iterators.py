@@ -285,7 +285,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         nbytes = 0
         # Kept labels must not keep the slot of the images (README, "Kept batches are safe")
         small = 0
-        if self._small_copied:
+        if self._small_copied and self._pool.release_fence is None:  # never from a pinned pool
             total = sum(leaf.nbytes for leaf, _ in layout.leaves)
             small = total if total <= SMALL_BATCH_BYTES else min(SMALL_LEAF_BYTES,
                                                                   total // SMALL_LEAF_SHARE)

@@ -185,7 +185,7 @@ def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote
                 sample, start = {"__key__": prefix, "__url__": url}, here
             suffix = suffix.lower()
             if suffix in sample:
-                raise ValueError(f"{name}: duplicate file name in tar file")
+                raise ShardFormatError(url, f"{name}: duplicate file name in the shard")
             sample[suffix] = tar.read(info)
         if sample is not None:
             yield sample, start, (tar.end if plain else None)

@@ -185,6 +185,7 @@ CRAFTED = {  # header changes that used to give KeyError, TypeError, ... (or wor
     "leaf kind unknown": _set(["layout", "items", 0, "kind"], "pickle"),
     "leaf dtype object": _set(["layout", "items", 0, "dtype"], "O"),
     "leaf dtype garbage": _set(["layout", "items", 0, "dtype"], "not a dtype"),
+    "leaf dtype numpy parses with ast": _set(["layout", "items", 0, "dtype"], ","),  # fuzz
     "leaf ndim huge": _set(["layout", "items", 0, "ndim"], 10**6),
     "leaf id repeated": _set(["layout", "items", 1, "id"], 0),
     "items not a list": _set(["layout", "items"], {"a": 1}),

@@ -248,3 +248,10 @@ def test_shards_write_does_not_write_through_a_planted_partial_symlink(tmp_path)
     assert victim.read_bytes() == b"precious" and os.path.islink(str(out) % 0 + ".partial")
     assert read_shard_classes(paths) == ["a", "b"] and count_samples(paths[0]) == 2
     assert oct(os.stat(paths[0]).st_mode & 0o777) == oct(0o644)
+
+
+def test_a_sample_with_a_file_name_twice_is_a_shard_error_naming_the_shard(tmp_path):
+    """Found by scripts/fuzz.py: this was a bare ValueError without the shard's name."""
+    path = write(tmp_path, "dup.tar", member("0001.cls", b"1") + member("0001.cls", b"2") + END)
+    with pytest.raises(SampleError, match=r"dup\.tar.*0001\.cls: duplicate file name"):
+        keys(WebDataset(path))

@@ -512,7 +512,7 @@ def _check_leaf(lf: dict, id_: int, bad: Callable[[str], CacheFormatError]) -> d
         return lf
     try:
         dt = np.dtype(lf["dtype"]) if isinstance(lf.get("dtype"), str) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):  # numpy parses "3i4"-style strings with ast
         dt = None
     if dt is None or dt.hasobject or (
             kind in SCALAR_KINDS and lf["dtype"] != SCALAR_KINDS[kind]) or (
