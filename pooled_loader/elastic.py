@@ -268,23 +268,25 @@ def check_plan(plan: Any, dataset_len: int, batch_size: int | None) -> None:
     if not isinstance(plan, dict) or not isinstance(plan.get("epoch"), int):
         raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
                             "'_pooled.elastic.plan' should be {epoch, rounds}")
-    check_merged({"dataset_len": dataset_len, "batch_size": batch_size,
-                  "rounds": plan.get("rounds")}, None)
+    _check_rounds(plan.get("rounds"), dataset_len, batch_size)
 
 
-def check_merged(merged: dict, mine: dict | None) -> None:
+def check_merged(merged: dict, mine: dict) -> None:
     """Refuse a merged state that another dataset, seed or configuration wrote (`mine`: this
-    loader's values; None: check its rounds only)."""
-    for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed") if mine else ():
+    loader's values), or whose rounds are malformed."""
+    for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed"):
         if merged.get(key) != mine[key]:
             raise StateMismatch(
                 f"PooledLoader.load_state_dict: the merged state does not fit this loader: it "
                 f"has {key}={merged.get(key)!r}, this loader has {key}={mine[key]!r}")
-    rounds = merged.get("rounds")
+    _check_rounds(merged.get("rounds"), merged["dataset_len"], merged.get("batch_size"))
+
+
+def _check_rounds(rounds: Any, dataset_len: int, batch_size: int | None) -> None:
     if not isinstance(rounds, list) or not 1 <= len(rounds) <= MAX_ROUNDS:
         raise StateMismatch("PooledLoader.load_state_dict: the merged state is corrupt: "
                             "'rounds' should be a list of 1.."f"{MAX_ROUNDS} rounds")
-    most = merged["dataset_len"] + (merged.get("batch_size") or 1)  # a share plus a batch
+    most = dataset_len + (batch_size or 1)  # a share plus a batch
     for k, round_ in enumerate(rounds):
         ok = (isinstance(round_, dict) and isinstance(round_.get("world"), int)
               and round_["world"] >= 1 and isinstance(round_.get("consumed"), dict)

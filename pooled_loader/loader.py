@@ -34,6 +34,22 @@ GROW_WARNING = (
     "the pool up front, pass pool_slots= (num_workers * prefetch_factor + batches you keep).")
 
 
+def _stop(iterator: Any) -> None:
+    """Stop an iterator's workers, if it has any (InProcessIter has none)."""
+    stop = getattr(iterator, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+def _epoch_of(section: dict, key: str, what: str, path: str | None = None) -> int:
+    """`section[key]`, a non-negative integer epoch, or StateMismatch naming `path`."""
+    epoch = section[key]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise StateMismatch(f"PooledLoader.load_state_dict: {what} is corrupt: "
+                            f"'{path or key}' is {epoch!r:.80}")
+    return epoch
+
+
 class PooledLoader(DataLoader[T_co], Generic[T_co]):
     """Drop-in `torch.utils.data.DataLoader` whose workers write batches into recycled slots of
     one shared-memory pool.
@@ -215,10 +231,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                 "shuffle": sampler.shuffle, "drop_last": self.drop_last,
                 "per_sample_seed": self.per_sample_seed}
         check_merged(state, mine)
-        epoch = state["epoch"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise StateMismatch(f"PooledLoader.load_state_dict: the merged state is corrupt: "
-                                f"'epoch' is {epoch!r:.80}")
+        epoch = _epoch_of(state, "epoch", "the merged state")
         sampler.set_plan(None if state.get("finished") else plan_from(state))
         self.set_epoch(epoch)
         self._progress = self._resume = self._resume_raw = None
@@ -242,13 +255,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if elastic is not None and self._load_elastic(state, elastic):
             return
         resume = parse(state, self._state_check(), self._state_limits())
-        loader_epoch = state["_pooled"].get("loader_epoch")
-        if loader_epoch is not None:
-            if isinstance(loader_epoch, bool) or not isinstance(loader_epoch, int) \
-                    or loader_epoch < 0:
-                raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
-                                    f"'_pooled.loader_epoch' is {loader_epoch!r:.80}")
-            self.set_epoch(loader_epoch)
+        if state["_pooled"].get("loader_epoch") is not None:
+            self.set_epoch(_epoch_of(state["_pooled"], "loader_epoch", "the state",
+                                     "_pooled.loader_epoch"))
         if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
             from .elastic import check_plan
             plan = (state["_pooled"].get("elastic") or {}).get("plan")
@@ -267,10 +276,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                                 "iterable dataset that loads it (pooled_loader.webdataset)")
         merged = state.get("dataset_state")
         self.dataset.load_state_dict(merged)  # validates it here, in the main process
-        streams = {w: WorkerStream(w, dataset_state=merged)
-                   for w in range(max(self.num_workers, 1))}
-        if state.get("finished"):
-            streams = {}
+        streams = {} if state.get("finished") else {
+            w: WorkerStream(w, dataset_state=merged) for w in range(max(self.num_workers, 1))}
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self.set_epoch(merged["epoch"])
         self._progress = None
@@ -292,9 +299,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             return
         if self._iterator is it:
             self._iterator = None
-        stop = getattr(it, "_stop", None)
-        if stop is not None:
-            stop()
+        _stop(it)
 
     def __iter__(self) -> Iterator:
         it, self._state_iterator = self._state_iterator, None
@@ -338,9 +343,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         Batches still held stay valid; the pool's memory goes when the last one is dropped."""
         self._drop_state_iterator()
         iterator, self._iterator = self._iterator, None
-        stop = getattr(iterator, "_stop", None)
-        if stop is not None:
-            stop()
+        _stop(iterator)
         self._stats.epoch_done()  # writes the trace, if one is recorded
         if self._pool is not None:
             self._pool.close()
