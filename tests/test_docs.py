@@ -114,7 +114,7 @@ def pages(demo_folder, tmp_path_factory):
                                                 for b in BLOCKS])
 def test_doc_block_runs(block, pages, monkeypatch):
     if block.skip:
-        pytest.skip(f"not run: {block.skip}")
+        pytest.skip(f"{os.path.relpath(block.path, ROOT)}:{block.line}: not run: {block.skip}")
     monkeypatch.chdir(pages.folder(block.path))
     pages.run(block)
 
