@@ -6,8 +6,11 @@ from typing import Any
 import torch.utils.data
 
 from .errors import PoolAllocationError, SampleError, WorkerError
+from .integrations import maybe_patch_accelerate
 from .loader import PooledLoader
 from .pool import SlotPool
+
+maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 
 __all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAllocationError", "get_worker_info"]
 __version__ = "0.1.0"

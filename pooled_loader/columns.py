@@ -3,7 +3,7 @@ are stacked into their slot one leaf at a time, by one `torch.stack`/`numpy.stac
 copy per leaf instead of a copy per sample and leaf (cheaper than checking every value in
 Python first). A column whose values are not all tensors (or all ndarrays) of the first
 sample's shape and dtype goes the row-by-row way, which converts numbers and checks every value
-(see ``worker._leaf_check``) and names the sample that differs."""
+(see ``slot_collate._leaf_check``) and names the sample that differs."""
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -17,7 +17,7 @@ device placement, RNG synchronisation, ``end_of_dataloader`` for gradient accumu
 ``skip_first_batches``. ``isinstance(prepared, PooledLoader)`` holds and ``prepared.stats()``
 works.
 
-It is applied automatically, whatever the import order: constructing a ``PooledLoader`` patches
+It is applied automatically, whatever the import order: importing ``pooled_loader`` patches
 an accelerate that is already imported, or else installs a one-shot import hook that patches
 accelerate as soon as it is imported. ``pooled_loader.integrations.patch_accelerate()`` does it
 explicitly (idempotent).

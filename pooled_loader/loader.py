@@ -5,8 +5,8 @@ It subclasses `torch.utils.data.DataLoader`, so construction, argument checks, s
 and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is ours.
 
 The loader holds the arguments, the pool and the statistics; the iterators that run an epoch are
-in ``iterators.py`` (in-process and worker-process), the figures of ``stats()``/``report()`` in
-``stats.py``.
+in ``iterators.py`` (in-process) and ``worker_iter.py`` (worker processes), and take what they
+need as one `epoch.EpochSpec`; the figures of ``stats()``/``report()`` are in ``stats.py``.
 """
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
-from .iterators import HostTransformIter, InProcessIter, WorkerIter, _HandedOut
+from .collate import RaggedCollate
+from .epoch import EpochSpec
+from .iterators import HostTransformIter, InProcessIter, _HandedOut
 from .pool import SlotPool
 from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
                      WorkerStream, parse)
 from .stats import LoaderStats, report_text
 from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
+from .worker_iter import WorkerIter
 from .yielded import expose, honour_adjustment
 
 T_co = TypeVar("T_co", covariant=True)
@@ -81,8 +84,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             (Perfetto, chrome://tracing) at the end of every epoch and at `close()`. See also
             `trace()` and `pooled_loader.trace`.
 
-    `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (README, "Checkpoint and
-    resume").
+    `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (docs/resume.md).
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
@@ -149,12 +151,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
         self._state_iterator: Iterator | None = None  # made by state_dict() before any iter()
-        from .integrations import maybe_patch_accelerate
-        maybe_patch_accelerate()  # so that accelerator.prepare(self) keeps a PooledLoader
 
     # -- checkpoint and resume ------------------------------------------------------------------
     def _state_check(self) -> dict:
-        """What a saved state must agree with (README, "Checkpoint and resume")."""
+        """What a saved state must agree with (docs/resume.md)."""
         iterable = isinstance(self.dataset, IterableDataset)
         length = None
         if not iterable:
@@ -292,6 +292,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         resume, self._resume, self._resume_raw = self._resume, None, None
         return resume
 
+    def _publish_progress(self, progress: Progress) -> None:
+        """The position of the epoch an iterator has just begun (what `state_dict()` reads)."""
+        self._progress = progress
+
     def _drop_state_iterator(self) -> None:
         """Forget an iterator made by state_dict() before the first iter()."""
         it, self._state_iterator = self._state_iterator, None
@@ -305,7 +309,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it
-        return super().__iter__()
+        # DataLoader.__iter__, with the next epoch's spec for a persistent iterator
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None:
+                self._iterator = self._get_iterator()
+            else:
+                self._iterator._reset(self._epoch_spec())
+            return self._iterator
+        return self._get_iterator()
 
     # -- public extras --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -318,7 +329,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                 setter(epoch)
 
     def stats(self) -> dict:
-        """Pool statistics and where the time goes (see README, "Statistics")."""
+        """Pool statistics and where the time goes (docs/observability.md)."""
         return self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
 
     def reset_stats(self) -> None:
@@ -368,6 +379,30 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._pool = SlotPool(FIRST_SLOT_BYTES, self._default_slots(), GROW_WARNING)
         return self._pool
 
+    def _pins_pool(self) -> bool:
+        """Whether batches come from a pinned pool (a CUDA device, or pin_memory with CUDA)."""
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        return on_cuda or (self.pin_memory and torch.cuda.is_available())
+
+    def _epoch_spec(self) -> EpochSpec:
+        """What the iterator starting (or restarting) an epoch now takes from this loader; a
+        loaded state goes with it, once."""
+        return EpochSpec(
+            dataset=self.dataset, index_sampler=self._index_sampler, generator=self.generator,
+            num_workers=self.num_workers, batch_size=self.batch_size, drop_last=self.drop_last,
+            auto_collation=self._auto_collation, collate_fn=self._pooled_collate(),
+            ragged=isinstance(self.collate_fn, RaggedCollate), on_error=self.on_error,
+            per_sample_seed=self.per_sample_seed, elastic=self._elastic_sampler(),
+            snapshot_every=self.snapshot_every_n_steps,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor or DEFAULT_PREFETCH_FACTOR,
+            timeout=self.timeout, worker_init_fn=self.worker_init_fn,
+            multiprocessing_context=self.multiprocessing_context, in_order=self.in_order,
+            pin_memory=self.pin_memory, pin_memory_device=self.pin_memory_device,
+            pinned=self._pins_pool(), len_called=self._IterableDataset_len_called,
+            epoch=self._epoch, pool=self._get_pool(), stats=self._stats,
+            resume=self._take_resume(), publish=self._publish_progress)
+
     def _pooled_collate(self) -> Callable | None:
         """None when the collate function is the one DataLoader picks by default (we then
         collate into the slot); an explicit default_collate without batching or default_convert
@@ -383,12 +418,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             from .distributed import warn_if_undistributed
             warn_if_undistributed(True, self.sampler, self.batch_sampler)
         if self.num_workers == 0:
-            it: Iterator = InProcessIter(self)
+            it: Iterator = InProcessIter(self._epoch_spec())
         else:
             self.check_worker_number_rationality()
-            it = WorkerIter(self)
+            it = WorkerIter(self._epoch_spec())
         on_cuda = self.device is not None and self.device.type == "cuda"
-        if on_cuda or self.pin_memory and torch.cuda.is_available():
+        if self._pins_pool():
             from .cuda import DeviceIter, backend_for, pin_pool
             backend = backend_for(self)
             pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda

@@ -1,9 +1,9 @@
-"""Messages between the main process (`iterators.py`) and its workers (`worker.py`).
+"""Messages between the main process (`worker_iter.py`) and its workers (`worker.py`).
 
 Every message is a small frozen dataclass, built with keywords only, sent over the worker's pipe.
 Only the slot's *layout* travels, never sample data: a message pickles to a few hundred bytes.
 
-Main process -> worker (sent by `iterators.WorkerIter`, answered by `worker.worker_loop`):
+Main process -> worker (sent by `worker_iter.WorkerIter`, answered by `worker.worker_loop`):
     Task       build one batch into a slot
     Slot       the bigger slot a worker asked for with NeedSlot
     Forget     unmap a retired arena
@@ -11,7 +11,7 @@ Main process -> worker (sent by `iterators.WorkerIter`, answered by `worker.work
     SetEpoch   forward `set_epoch` to the worker's copy of the dataset
     None       stop: the worker returns
 
-Worker -> main process (sent by `worker.worker_loop`, handled by `iterators.WorkerIter._handle`):
+Worker -> main process (sent by `worker.worker_loop`, handled by `worker_iter.WorkerIter._handle`):
     Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
     End           an iterable dataset is exhausted; the task's slot is unused
     Failed        building the batch raised (or, as in DataLoader, worker_init_fn or

@@ -4,7 +4,7 @@ stopped without ever hanging, and described when they die.
 ``_shutdown`` asks politely (a ``None`` on the pipe, the lifeline closed), then terminates, then
 kills; ``SHUTDOWN_TIMEOUT_S`` says why terminating is safe. ``describe_exit`` and ``_reraise``
 put a dead worker or a worker's exception in DataLoader's own words first. ``WorkerIter``
-(iterators.py) is the only user.
+(worker_iter.py) is the only user.
 """
 from __future__ import annotations
 

@@ -13,11 +13,14 @@ Leaves: an array leaf with at least one dimension is *ragged* (it takes the help
 the helper names its ragged fields (`ragged=("boxes",)`: top-level keys or indices), in which case
 other array leaves are *fixed* and stacked as default_collate stacks them. Numbers are stacked
 into a tensor; strings and other objects are gathered by default_collate, as in every batch.
+
+The ``collate`` argument of the functions here is a `collate.RaggedCollate` helper, typed `Any`:
+`collate.py` imports this module, so this one does not import it back.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -26,10 +29,7 @@ from .constants import ALIGN
 from .layout import Leaf, StructureMismatch, as_numpy, collated_spec, extract, flatten, place
 from .messages import BatchLayout
 from .pool import SlotRef
-from .worker import _collate_metas, _tensor_dtype
-
-if TYPE_CHECKING:
-    from .collate import RaggedCollate
+from .slot_collate import collate_metas, tensor_dtype
 
 MAX_CU_SEQLEN = 2**31 - 1  # cu_seqlens is int32 (FlashAttention's varlen layout)
 _ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool)  # what a later sample's
@@ -71,7 +71,7 @@ def _sample_name(indices: Sequence | None, j: int) -> str:
     return f"sample {indices[j]!r}" if indices is not None else f"sample {j} of the batch"
 
 
-def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = None) -> Plan:
+def plan(collate: Any, samples: list, indices: Sequence | None = None) -> Plan:
     """The output of `collate` for `samples` (`indices` name them in errors)."""
     if not samples:
         raise ValueError(f"{collate!r}: a batch needs at least one sample")
@@ -123,7 +123,7 @@ def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = Non
     offsets, total = place(out_leaves)
     out_spec = _replace_leaves(spec if collate.keeps_containers else collated_spec(spec), nodes)
     return Plan(spec=out_spec, leaves=list(zip(out_leaves, offsets)),
-                metas=_collate_metas(spec, meta_columns), nbytes=total, writers=writers,
+                metas=collate_metas(spec, meta_columns), nbytes=total, writers=writers,
                 counts=counts, num_samples=len(samples))
 
 
@@ -165,7 +165,7 @@ def same_dtype(column: list[np.ndarray], where: tuple) -> None:
 def out_leaf(leaf: Leaf, shape: tuple) -> Leaf:
     """A tensor leaf of `shape` with `leaf`'s dtype (ndarrays become tensors, as in
     default_collate)."""
-    return Leaf("tensor", tuple(int(s) for s in shape), _tensor_dtype(leaf))
+    return Leaf("tensor", tuple(int(s) for s in shape), tensor_dtype(leaf))
 
 
 def _stacked(column: list[np.ndarray], leaf: Leaf, where: tuple) -> tuple:
@@ -195,7 +195,7 @@ def write(p: Plan, slot: np.ndarray) -> None:
         start += count
 
 
-def write_batch(collate: "RaggedCollate", samples: list, indices: Sequence | None, ref: SlotRef,
+def write_batch(collate: Any, samples: list, indices: Sequence | None, ref: SlotRef,
                 slot_of: Callable[[SlotRef], np.ndarray],
                 request_slot: Callable[[int, SlotRef], SlotRef]) -> BatchLayout:
     """The worker's path: plan, swap for a bigger slot if needed, write; the layout to send."""
@@ -207,7 +207,7 @@ def write_batch(collate: "RaggedCollate", samples: list, indices: Sequence | Non
                        num_samples=p.num_samples)
 
 
-def collate_in_memory(collate: "RaggedCollate", samples: list) -> Any:
+def collate_in_memory(collate: Any, samples: list) -> Any:
     """The plain Python path: the same plan and bytes in a private buffer, as tensors."""
     from .layout import unflatten
 

@@ -92,7 +92,7 @@ class StageClock:
         return call
 
     def collating(self) -> "Collating":
-        """The timer of one default collate (``worker.BatchMaker._collate``), starting now."""
+        """The timer of one default collate (``slot_collate.SlotCollate._collate``), starting now."""
         return Collating(self)
 
     def finish(self, getitem_ns: int, start_ns: int,

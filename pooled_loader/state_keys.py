@@ -4,7 +4,7 @@ writes and reads states) and `elastic` (which merges the states of several ranks
 FORMAT = "pooled_loader.resume/1"
 
 # torchdata StatefulDataLoader's key names (stateful_dataloader.py), reused so that both layouts
-# read alike; see README "Checkpoint and resume" for what is and is not interchangeable.
+# read alike; see docs/resume.md for what is and is not interchangeable.
 SNAPSHOT = "_snapshot"
 SNAPSHOT_STEP = "_snapshot_step"
 STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"

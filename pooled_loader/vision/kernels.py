@@ -19,7 +19,7 @@ Two implementations:
   fixed-point/SIMD passes (AVX2, SSSE3 or SSE2 picked at import), no intermediate image, GIL
   released.  Used when importable, unless the environment variable ``POOLED_LOADER_NO_EXT=1``.
   About 120 us per 224x224 RandomResizedCrop from a 400x500 image on one core (AVX2), ~4.5x the
-  OpenCV path below and ~6.5x Pillow (scripts/bench_kernels.py).
+  OpenCV path below and ~6.5x Pillow (scripts/benchmarks/bench_kernels.py).
 - ``"opencv"``: ``cv2.resize`` (INTER_AREA when shrinking along both axes, INTER_LINEAR when
   enlarging along both, one pass per axis otherwise) into reused per-thread scratch, then
   ``cv2.split`` straight into the planes of ``out`` (flip first with ``cv2.flip(dst=)``).  It is
