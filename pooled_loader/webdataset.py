@@ -82,7 +82,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import global_shuffle, remote, wds_elastic, wds_state
+from . import global_shuffle, remote, wds_elastic, wds_plan, wds_state
 from .distributed import rank_and_world
 from .errors import SampleError
 from .shard_cache import Prefetcher, ShardCache
@@ -270,34 +270,13 @@ class WebDataset(IterableDataset):
         return count
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self) -> tuple[int, list[str], int, int]:
-        """(quota, shards to cycle through, index of the first, samples to pass over in it)."""
+    def _plan(self) -> wds_plan.Piece:
         rank, world = self._current_rank_world()
         wid, nworkers = self._worker()
-        per_rank = self.samples_per_epoch // world
-        quota = per_rank // nworkers + (1 if wid < per_rank % nworkers else 0)
-        if quota == 0:
-            return 0, [], 0, 0
-        order = list(range(len(self.urls)))
-        if self.shuffle_shards:
-            random.Random(self.seed + self.epoch).shuffle(order)
-        shards = [self.urls[i] for i in order]
-        if self.shard_sizes is None:  # explicit mode: deal shards round-robin to the slots
-            slot, nslots = rank * nworkers + wid, world * nworkers
-            own = shards[slot::nslots]
-            if not own:
-                r = slot % len(shards)
-                own = shards[r:] + shards[:r]
-            return quota, own, 0, 0
-        sizes = self.shard_sizes
-        order = [i for i in order if sizes[i] > 0]  # empty or unreadable when counted
-        self._order = order
-        start = rank * per_rank + per_rank // nworkers * wid + min(wid, per_rank % nworkers)
-        first = 0
-        while start >= sizes[order[first]]:  # find the shard holding position `start`
-            start -= sizes[order[first]]
-            first += 1
-        return quota, [self.urls[i] for i in order], first, start
+        return wds_plan.plan_piece(
+            self.urls, self.shard_sizes, self.samples_per_epoch, seed=self.seed,
+            epoch=self.epoch, shuffle_shards=self.shuffle_shards, rank=rank, world=world,
+            worker=wid, workers=nworkers)
 
     def _source(self, url: str) -> Any:
         """A context manager giving where to read ``url`` from: its cached copy (pinned while
@@ -354,18 +333,6 @@ class WebDataset(IterableDataset):
                                   f"shards (first: {shards[0]})")
             pos.shard, pos.offset, pos.index, pos.got = (pos.shard + 1) % len(shards), 0, 0, False
 
-    def _piece_end(self, shards: list[str], first: int, nsamples: int) -> int:
-        """Index in ``shards`` of the last shard a piece of ``nsamples`` from ``first`` reaches
-        (how far ahead prefetching is worth it); explicit mode: the whole cycle."""
-        if self.shard_sizes is None:
-            return len(shards) - 1
-        size = dict(zip(self.urls, self.shard_sizes))
-        last = first
-        while last < len(shards) - 1 and nsamples > size[shards[last]]:
-            nsamples -= size[shards[last]]
-            last += 1
-        return last
-
     def _apply(self, sample: Sample) -> tuple[bool, Any]:
         if self.transform is None:
             return True, sample
@@ -409,8 +376,9 @@ class WebDataset(IterableDataset):
 
     def _iter_shards(self, resume: Optional[dict]) -> Iterator[Any]:
         self._runs = None
-        quota, shards, first, skip = self._plan()
-        self._last_shard = self._piece_end(shards, first, skip + quota)
+        piece = self._plan()
+        quota, shards, first, skip = piece.quota, piece.shards, piece.first, piece.skip
+        self._order, self._last_shard = piece.order, piece.last
         rank, _ = self._current_rank_world()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
         prog = Progress(quota, Position(first), rng, start=(first, skip))
