@@ -42,6 +42,7 @@ import numpy as np
 from .errors import SampleError
 from .shard_cache import is_cacheable
 from .shard_samples import Sample, error_reason, shard_samples
+from .wds_state import check_keys
 
 if TYPE_CHECKING:
     from .shard_cache import ShardCache
@@ -207,12 +208,7 @@ class GlobalReader:
 
 def check_complete(state: dict) -> None:
     """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state."""
-    missing = [k for k in STATE_KEYS if k not in state]
-    if missing:
-        raise ValueError(f"WebDataset global-shuffle state is incomplete: missing {missing}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"WebDataset global-shuffle state version {state['version']!r} is not "
-                         f"{STATE_VERSION}: written by another version of pooled_loader")
+    check_keys(state, STATE_KEYS, STATE_VERSION, "WebDataset global-shuffle state")
 
 
 def check_fits(state: dict, mine: dict) -> None:

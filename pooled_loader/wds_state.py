@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from . import wds_elastic
 
 __all__ = ["STATE_VERSION", "Position", "Progress", "progress_state", "progress_from_state",
-           "check_state_values", "check_complete", "check_fits", "check_runs_state"]
+           "check_state_values", "check_keys", "check_complete", "check_fits", "check_runs_state"]
 
 STATE_VERSION = 1
 _POSITION_KEYS = ("shard", "offset", "index", "visits", "got", "idle")
@@ -158,6 +158,18 @@ def progress_from_state(state: dict, quota: int, rng: random.Random) -> Progress
                     before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
 
 
+def check_keys(state: dict, keys: Sequence[str], version: int,
+               what: str = "WebDataset state") -> None:
+    """Raise ``ValueError`` naming what is missing unless ``state`` has every one of ``keys``
+    (``"version"`` among them), or naming its version unless that is ``version``."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{what} is incomplete: missing {missing}")
+    if state["version"] != version:
+        raise ValueError(f"{what} version {state['version']!r} is not {version}: written by "
+                         "another version of pooled_loader")
+
+
 def check_complete(state: dict, shuffle_buffer: int) -> None:
     """Raise ``ValueError`` saying what is missing, or which value is corrupt, unless ``state``
     is a whole state of this version (a merged or runs state: its own keys, checked by
@@ -165,12 +177,7 @@ def check_complete(state: dict, shuffle_buffer: int) -> None:
     runs_mode = state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS)
     required = ("version", "epoch") + (
         ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
-    missing = [k for k in required if k not in state]
-    if missing:
-        raise ValueError(f"WebDataset state is incomplete: missing {missing}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"WebDataset state version {state['version']!r} is not "
-                         f"{STATE_VERSION}: written by another version of pooled_loader")
+    check_keys(state, required, STATE_VERSION)
     if runs_mode:
         return
     if state["position"] is not None:
