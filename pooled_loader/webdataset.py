@@ -357,7 +357,8 @@ class WebDataset(IterableDataset):
                 resume = None  # as in shard mode: a state from another epoch is ignored
             state = global_shuffle.resumed_state(self._global_state(), resume)
             self._progress = state
-            for out, self._progress in self._global.samples(state, self._apply, self._fail):
+            for out, after in self._global.samples(state, self._apply, self._fail):
+                self._progress = after  # state_dict() gives the state after the last yield
                 yield out
             return
         if self.prefetch_shards:
