@@ -67,7 +67,7 @@ class Progress:
     pos: Position
     rng: random.Random
     done: int = 0  # samples yielded this epoch
-    round_left: int = 0  # raw samples still to read in this round (see __iter__)
+    round_left: int = 0  # raw samples still to read in this round (WebDataset._iter_shards)
     rounds: int = 0
     before: int = 0  # `done` when the round started
     mark: int = 0  # `pos.visits` when a round last yielded something
