@@ -4,7 +4,7 @@
     python examples/train_classifier.py DATA_DIR [--epochs 2] [--batch 64] [--workers 2]
                                         [--device cpu|cuda] [--max-steps N]
 
-Make data with: python scripts/make_dataset.py data/demo --n 512
+Make data with: python scripts/tools/make_dataset.py data/demo --n 512
 """
 from __future__ import annotations
 

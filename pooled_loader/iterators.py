@@ -341,9 +341,10 @@ def _pins_pool(loader: PooledLoader) -> bool:
 
 
 def _passes_collated(loader: PooledLoader) -> bool:
-    """In-process, a custom collate's output needs no slot unless the pool is pinned for a
-    device copy: hand it out as it is (DataLoader's cost, not a copy more)."""
-    return loader._pooled_collate() is not None and not _pins_pool(loader)
+    """In-process, a batch already built in memory (a custom collate's, a `__getitems__`
+    batch's stacks) needs no slot unless the pool is pinned for a device copy: hand it out as
+    it is (DataLoader's cost, not a copy more; `BatchMaker.slotless` says which batches)."""
+    return not _pins_pool(loader)
 
 
 class InProcessIter(_IterBase):
@@ -388,7 +389,7 @@ class InProcessIter(_IterBase):
                 self._progress.finish()
                 self._epoch_done()
                 raise
-        ref = None if self._maker.cfg.pass_collated else self._pool.acquire()
+        ref = None if self._maker.slotless else self._pool.acquire()
         try:
             built = time.perf_counter()
             result = self._maker.make(self._task, payload, ref, self._sample_epoch(),

@@ -105,14 +105,19 @@ def place(leaves: list[Leaf]) -> tuple[list[int], int]:
 # from views. Leaf nodes of the spec: ("leaf", i) for arrays[i], ("meta", i) for metas[i].
 
 
-def flatten(tree: Any, arrays: list, metas: list, numbers: bool | str = False) -> tuple:
-    """Flatten `tree`; appends array leaves to `arrays` and other objects to `metas`.
+def flatten(tree: Any, arrays: list, metas: list, numbers: bool | str = False,
+            leaves: list | None = None) -> tuple:
+    """Flatten `tree`; appends array leaves to `arrays` (and their `Leaf` to `leaves`, if
+    given) and other objects to `metas`.
 
     With `numbers`, Python/numpy scalars are array leaves too (see `leaf_of`).
     """
     def leaf(value: Any) -> tuple:
-        if leaf_of(value, numbers) is not None:
+        found = leaf_of(value, numbers)
+        if found is not None:
             arrays.append(value)
+            if leaves is not None:
+                leaves.append(found)
             return ("leaf", len(arrays) - 1)
         metas.append(value)
         return ("meta", len(metas) - 1)

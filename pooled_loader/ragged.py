@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .constants import ALIGN
-from .layout import Leaf, StructureMismatch, as_numpy, collated_spec, extract, flatten, leaf_of, place
+from .layout import Leaf, StructureMismatch, as_numpy, collated_spec, extract, flatten, place
 from .messages import BatchLayout
 from .pool import SlotRef
 from .worker import _collate_metas, _tensor_dtype
@@ -77,8 +77,8 @@ def plan(collate: "RaggedCollate", samples: list, indices: Sequence | None = Non
         raise ValueError(f"{collate!r}: a batch needs at least one sample")
     arrays: list = []
     metas: list = []
-    spec = flatten(samples[0], arrays, metas, numbers=True)
-    first_leaves = [leaf_of(a, numbers=True) for a in arrays]
+    first_leaves: list[Leaf] = []
+    spec = flatten(samples[0], arrays, metas, True, first_leaves)
     columns = [[as_numpy(a)] for a in arrays]
     meta_columns = [[m] for m in metas]
     bare = spec == ("leaf", 0)  # each sample is one array (token lists): nothing to walk

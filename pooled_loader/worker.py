@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -29,8 +28,8 @@ from torch.utils.data.graph_settings import apply_random_seed
 from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from .interrupts import ignore_sigint_in_worker
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
-                     flatten, leaf_of, metas_in_sequences, place, same_structure)
-from .columns import flat_columns, write_column
+                     flatten, metas_in_sequences, place, same_structure, unflatten)
+from .columns import flat_columns, stack, stacked_tensor, write_column
 from .mismatch import mismatch_message
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        SetEpoch, Slot, Started, StreamPosition, Task)
@@ -64,7 +63,9 @@ class WorkerConfig:
     epoch: int = 0  # the iterator's epoch counter when the workers start (echoed by Started)
     close_in_child: list[int] = field(default_factory=list)
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
-    pass_collated: bool = False  # in-process, nothing pinned: a custom collate's output as is
+    # in-process, nothing pinned: a custom collate's output, and a `__getitems__` batch's
+    # stacked columns, handed out as they are (`BatchMaker.slotless`)
+    pass_collated: bool = False
 
 
 class _Rows(NamedTuple):
@@ -77,7 +78,7 @@ class _Rows(NamedTuple):
 
 
 class Collated(NamedTuple):
-    """A custom collate's output handed out as it is (``WorkerConfig.pass_collated``)."""
+    """A batch handed out as it is, in no slot (``WorkerConfig.pass_collated``)."""
 
     batch: Any
     num_samples: int
@@ -128,6 +129,11 @@ class BatchMaker:
         self.ragged = isinstance(cfg.collate_fn, RaggedCollate)
         if self.ragged:  # they write straight into a slot, in-process too
             cfg.pass_collated = False
+        # In-process with nothing pinned, batches whose every path ends in `Collated` need no slot:
+        # a custom collate's, and default collate's of `__getitems__` samples (already in memory,
+        # so a slot would add a copy nothing reads; DataLoader makes one copy, so do we).
+        self.slotless = cfg.pass_collated and (
+            cfg.collate_fn is not None or (self.getitems is not None and not self.use_into))
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
@@ -376,8 +382,8 @@ class BatchMaker:
         arrays: list = []
         metas: list = []
         numbers = "numpy" if convert else False
-        spec = flatten(tree, arrays, metas, numbers)
-        leaves = [leaf_of(a, numbers) for a in arrays]
+        leaves: list[Leaf] = []
+        spec = flatten(tree, arrays, metas, numbers, leaves)
         out_leaves = [_converted_leaf(l) if convert else l for l in leaves]
         offsets, total = place(out_leaves)
         if total > ref.nbytes:
@@ -429,8 +435,8 @@ class BatchMaker:
         first = sample_at(0, guess)
         arrays: list = []
         metas: list = []
-        spec = flatten(first, arrays, metas, numbers=True)
-        leaves = [leaf_of(a, numbers=True) for a in arrays]
+        leaves: list[Leaf] = []
+        spec = flatten(first, arrays, metas, True, leaves)
         if (rows is None or leaves != self._leaves or self._spec is None
                 or not same_structure(spec, self._spec)):  # rows None: no getitem_into guess
             self._spec, self._leaves = spec, leaves
@@ -479,8 +485,8 @@ class BatchMaker:
         batch = len(samples)
         arrays: list = []
         metas: list = []
-        spec = flatten(samples[0], arrays, metas, numbers=True)
-        leaves = [leaf_of(a, numbers=True) for a in arrays]
+        leaves: list[Leaf] = []
+        spec = flatten(samples[0], arrays, metas, True, leaves)
         flat = flat_columns(spec, samples)
         columns, meta_columns = flat or ([[a] for a in arrays], [[m] for m in metas])
         for j in range(1 if flat is None else batch, batch):
@@ -496,17 +502,34 @@ class BatchMaker:
                 col.append(value)
             for col, m in zip(meta_columns, s_metas):
                 col.append(m)
+        if self.slotless:
+            return self._stacked_as_is(spec, leaves, columns, meta_columns, samples, names)
         total = place([_collated_leaf(l, batch) for l in leaves])[1]
         if total > ref.nbytes:
             ref = self.request_slot(task_id, total, ref)
         rows = self._rows(self.arenas.slot(ref), leaves, batch)
         for view, leaf, out_leaf, column in zip(rows.views, leaves, rows.leaves, columns):
-            bad = write_column(view, out_leaf, column, _leaf_check(column[0], leaf))
+            bad = write_column(view, out_leaf, column, _leaf_check(column[0], leaf), stack(column))
             if bad is not None:
                 self._mismatch(samples, names, bad)
         return BatchLayout(ref=ref, spec=collated_spec(spec),
                            leaves=list(zip(rows.leaves, rows.offsets)),
                            metas=_collate_metas(spec, meta_columns), num_samples=batch)
+
+    def _stacked_as_is(self, spec: tuple, leaves: list[Leaf], columns: list[list],
+                       meta_columns: list[list], samples: list, names: Any) -> Collated:
+        """`_collate_columns`'s batch with every leaf in a tensor of its own (`slotless`): the
+        same checks, values and dtypes as in a slot."""
+        batch = len(samples)
+        arrays = []
+        for leaf, column in zip(leaves, columns):
+            tensor = stacked_tensor(_collated_leaf(leaf, batch), column,
+                                    _leaf_check(column[0], leaf))
+            if type(tensor) is int:
+                self._mismatch(samples, names, tensor)
+            arrays.append(tensor)
+        return Collated(unflatten(collated_spec(spec), arrays, _collate_metas(spec, meta_columns)),
+                        batch)
 
     def _mismatch(self, samples: list, names: Any, j: int) -> None:
         self.current_index = None  # the message names both samples

@@ -11,8 +11,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(HERE, "benchmarks"), os.path.join(HERE, "tools"),
+                 os.path.dirname(HERE)]
 
 import bench  # noqa: E402
 import bench_images  # noqa: E402

@@ -1,4 +1,4 @@
-"""A short run of scripts/fuzz.py on every target (issue 24): no finding in 20 s each.
+"""A short run of scripts/checks/fuzz.py on every target (issue 24): no finding in 20 s each.
 
 Runs under atheris (coverage-guided) when it is installed, else the script's seeded random
 mutator; the longer campaign is in scripts/README.md.
@@ -19,8 +19,9 @@ SECONDS = 20  # per target: about 60 s in all
 @pytest.mark.parametrize("target", ["jpeg", "tar", "cache"])
 def test_a_short_fuzz_run_of_each_reader_finds_nothing(target, tmp_path):
     artifacts = tmp_path / "artifacts"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fuzz.py"), "--target",
-                        target, "--seconds", str(SECONDS), "--artifacts", str(artifacts)],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "checks", "fuzz.py"),
+                        "--target", target, "--seconds", str(SECONDS),
+                        "--artifacts", str(artifacts)],
                        capture_output=True, text=True, timeout=SECONDS + 120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": ROOT})
     out = r.stdout + r.stderr

@@ -251,7 +251,7 @@ def test_shards_write_does_not_write_through_a_planted_partial_symlink(tmp_path)
 
 
 def test_a_sample_with_a_file_name_twice_is_a_shard_error_naming_the_shard(tmp_path):
-    """Found by scripts/fuzz.py: this was a bare ValueError without the shard's name."""
+    """Found by scripts/checks/fuzz.py: this was a bare ValueError without the shard's name."""
     path = write(tmp_path, "dup.tar", member("0001.cls", b"1") + member("0001.cls", b"2") + END)
     with pytest.raises(SampleError, match=r"dup\.tar.*0001\.cls: duplicate file name"):
         keys(WebDataset(path))

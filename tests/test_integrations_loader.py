@@ -173,6 +173,53 @@ def test_without_workers_a_custom_collates_output_is_handed_out_as_is():
     assert loader.stats()["batches"] == 5 and loader.stats()["samples"] == 21
 
 
+class Mixed(Dataset):
+    """`__getitems__` samples of every leaf kind the default collate stacks (rows of one
+    tensor, as HF datasets gives them), and strings it keeps as lists."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        rows = torch.arange(len(indices) * 3, dtype=torch.float32).reshape(-1, 3)
+        return [{"row": rows[j], "bf": torch.full((2,), i, dtype=torch.bfloat16),
+                 "arr": np.full((2, 2), i, np.int16), "np_id": np.int64(i), "id": i,
+                 "w": i / 2, "flag": i % 2 == 0, "name": f"s{i}",
+                 "pair": (torch.tensor(i), np.float32(i))} for j, i in enumerate(indices)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_without_workers_getitems_batches_take_no_slot_and_equal_dataloaders(shuffle):
+    expected, got = both(Mixed(), batch_size=4, shuffle=shuffle)
+    check_same(expected, got)
+    loader = PooledLoader(Mixed(), batch_size=4)
+    kept = list(loader)
+    stats = loader.stats()  # no slot taken: none grown or reused, no byte through the pool
+    assert (stats["grown"], stats["reuses"], stats["bytes_moved"], stats["batches"]) == (0, 0, 0, 3)
+    with_workers = list(PooledLoader(Mixed(), batch_size=4, num_workers=1))
+    check_same(with_workers, kept)  # the slot path gives the very same batches
+
+
+class OneOff(Dataset):
+    """Sample 2's tensor has another dtype: DataLoader promotes, PooledLoader refuses."""
+
+    def __len__(self):
+        return 4
+
+    def __getitems__(self, indices):
+        return [{"x": torch.ones(3, dtype=torch.float64 if i == 2 else torch.float32)}
+                for i in indices]
+
+
+def test_a_getitems_batch_is_checked_the_same_with_and_without_workers():
+    errors = [str(_error(PooledLoader, OneOff(), num_workers=w)) for w in (0, 1)]
+    assert errors[1].strip().endswith(errors[0])  # a worker's adds its traceback
+    assert "sample 2 has tensor of shape (3,), torch.float64" in errors[0]
+
+
 # -- error messages -----------------------------------------------------------------------------
 class Ragged(Dataset):
     def __len__(self):

@@ -1,4 +1,4 @@
-"""scripts/make_dataset.py: count, layout, sizes, JPEG-ness and determinism (n=20)."""
+"""scripts/tools/make_dataset.py: count, layout, sizes, JPEG-ness and determinism (n=20)."""
 import hashlib
 import importlib.util
 import os
@@ -12,7 +12,7 @@ pytest.importorskip("skimage")
 pytest.importorskip("tqdm")
 Image = pytest.importorskip("PIL.Image")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "make_dataset.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "tools", "make_dataset.py")
 
 
 def _load():

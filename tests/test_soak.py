@@ -1,4 +1,4 @@
-"""scripts/soak.py for 30 seconds: random faults (worker SIGKILL, dataset exceptions raised or
+"""scripts/checks/soak.py for 30 seconds: random faults (worker SIGKILL, dataset exceptions raised or
 skipped, kept batches, break, mid-epoch state_dict/load_state_dict, set_epoch, persistent or not, pool growth), every sample checked by
 content, no hang, no leaked fd, process or memfd mapping."""
 import json
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.timeout(240)
 def test_thirty_second_soak_with_faults_has_no_wrong_sample_hang_or_leak(tmp_path):
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"),
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "checks", "soak.py"),
                            "--seconds", "30", "--json", str(out)],
                           capture_output=True, text=True, timeout=200,
                           env={**os.environ, "PYTHONPATH": ROOT})

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Soak test: many epochs with random faults; every batch checked by content; leaks counted.
 
-    python scripts/soak.py --minutes 10 [--seed S] [--json PATH]
+    python scripts/checks/soak.py --minutes 10 [--seed S] [--json PATH]
 
 Each round builds a PooledLoader with a random configuration (1-3 workers, persistent or not,
 batch size, pool size, on_error raise/skip) over a dataset whose sample ``i`` at epoch ``e`` is an
@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

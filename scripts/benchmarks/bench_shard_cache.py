@@ -2,10 +2,10 @@
 """The shard cache, prefetch and global shuffle (pooled_loader.shard_cache, .global_shuffle) in
 the image pipeline, against local disk; every ratio is measured within one run.
 
-    python scripts/bench_shard_cache.py --data DIR [--part cache,prefetch,global,lru]
+    python scripts/benchmarks/bench_shard_cache.py --data DIR [--part cache,prefetch,global,lru]
                                         [--epochs 5] [--rounds 3] [--rate-mb 50]
 
-DIR as for scripts/bench_wds.py (shard folder, ImageFolder, or where to make one); shards
+DIR as for scripts/benchmarks/bench_wds.py (shard folder, ImageFolder, or where to make one); shards
 without an index get one. Work per sample: decode + RandomResizedCrop 224 + flip (bench_wds's),
 batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
 
@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [REPO, HERE, os.path.join(REPO, "tests")]
 
 from bench_remote import start_server  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tar shard reading speed of two source trees, in the same run (issue 24's hardened reader).
 
-    python scripts/bench_tar.py --baseline /work/main [--rounds 7] [--shards 8] [--per-shard 500]
+    python scripts/benchmarks/bench_tar.py --baseline /work/main [--rounds 7] [--shards 8] [--per-shard 500]
 
 Writes ``--shards`` shards of ``--per-shard`` samples (a ``.cls`` and a ~``--kb`` KB ``.jpg``
 of random bytes each, by ``shards write``) once, then, in alternated order each round, runs one
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = r"""
 import glob, json, sys, time

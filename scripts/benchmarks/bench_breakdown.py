@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where one image's time goes in the JPEG pipeline: decode, kernel, the rest (one core).
 
-    python scripts/bench_breakdown.py [--data data/imagenet2k] [--n 400] [--reps 5]
+    python scripts/benchmarks/bench_breakdown.py [--data data/imagenet2k] [--n 400] [--reps 5]
                                       [--baseline OTHER_CHECKOUT] [--cached]
 
 For the first ``n`` JPEGs, with the same RandomResizedCrop(224) boxes and flips (seeded), in this
@@ -17,7 +17,7 @@ process (one thread, CPU time, median of ``reps`` passes, the variants interleav
   DCT scale: libjpeg must Huffman-decode every row down to it across the full width (no restart
   markers to seek to), so this is the part of ``decode`` no region decoding can remove.
 
-"Rest" of the loader's cost = 1 / (images per CPU-second of scripts/bench_images.py's ``ours``)
+"Rest" of the loader's cost = 1 / (images per CPU-second of scripts/benchmarks/bench_images.py's ``ours``)
 minus decode minus kernel.  ``--cached``: the same for the cache path's tail, RandomResizedCrop
 from a source resized to max side 512 (the kernel alone; there is no decode).
 
@@ -39,7 +39,17 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def checkout_script(root: str) -> str:
+    """This script in checkout `root` (scripts/benchmarks/, or scripts/ before the folders),
+    else this file."""
+    for sub in (("scripts", "benchmarks"), ("scripts",)):
+        path = os.path.join(root, *sub, "bench_breakdown.py")
+        if os.path.exists(path):
+            return path
+    return os.path.abspath(__file__)
 
 
 def measure(data_dir: str, n: int, reps: int, cached: bool) -> dict:
@@ -173,9 +183,8 @@ def main(argv=None) -> int:
     runs = {k: [] for k in roots}
     for _ in range(a.reps):  # alternate the checkouts; one pass each, in a fresh process
         for name, root in roots.items():
-            cmd = [sys.executable, os.path.join(root, "scripts", "bench_breakdown.py")
-                   if os.path.exists(os.path.join(root, "scripts", "bench_breakdown.py"))
-                   else os.path.abspath(__file__), "--one", "--data", a.data, "--n", str(a.n)]
+            cmd = [sys.executable, checkout_script(root), "--one", "--data", a.data,
+                   "--n", str(a.n)]
             if a.cached:
                 cmd.append("--cached")
             env = dict(os.environ, PYTHONPATH=root)

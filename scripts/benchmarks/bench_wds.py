@@ -2,11 +2,11 @@
 """The same JPEG tar shards through PooledLoader + pooled_loader.webdataset.WebDataset and through
 webdataset.WebLoader (plus torch's DataLoader over our WebDataset, to separate loader from reader).
 
-    python scripts/bench_wds.py --data DIR [--epochs 3] [--warmup 1] [--batch 256] [--workers 2]
+    python scripts/benchmarks/bench_wds.py --data DIR [--epochs 3] [--warmup 1] [--batch 256] [--workers 2]
 
 DIR is a folder of WebDataset ``.tar`` shards, or an ImageFolder (written once as shards of
 ``--per-shard`` samples into ``DIR.shards/`` with ``pooled_loader.shards``), or a path that does
-not exist yet: an ImageFolder of ``--make`` JPEGs is made there (``scripts/make_dataset.py``).
+not exist yet: an ImageFolder of ``--make`` JPEGs is made there (``scripts/tools/make_dataset.py``).
 
 Every loader runs the same per-sample work in its 2 worker processes: decode the JPEG,
 RandomResizedCrop 224 (scale 0.08-1, ratio 3/4-4/3) + random horizontal flip, uint8 CHW, with
@@ -33,7 +33,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 
 from pooled_loader.shards import write_shards  # noqa: E402
 from pooled_loader.webdataset import WebDataset, count_samples, expand_shards  # noqa: E402
@@ -100,7 +101,7 @@ class Sample:
 
 # -- the data -----------------------------------------------------------------------------------
 def _make_jpegs(root: str, n: int) -> None:
-    """Fallback when scripts/make_dataset.py is absent: smooth random-colour JPEGs, 10 classes."""
+    """Fallback when scripts/tools/make_dataset.py is absent: smooth random-colour JPEGs, 10 classes."""
     import cv2
 
     rng = np.random.default_rng(0)
@@ -117,7 +118,7 @@ def _make_jpegs(root: str, n: int) -> None:
 def resolve_shards(data: str, per_shard: int, make: int) -> list[str]:
     if not os.path.exists(data):
         try:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
             from make_dataset import make_dataset
             make_dataset(data, n=make)
         except ImportError:
@@ -157,7 +158,7 @@ def webloader(shards, augment, batch, workers):
 
 class _PilSample:
     """webdataset's usual recipe: ``.decode("pil")`` then a PIL RandomResizedCrop + flip
-    (scripts/peers.py's torchvision-equivalent), uint8 CHW tensor."""
+    (scripts/benchmarks/peers.py's torchvision-equivalent), uint8 CHW tensor."""
 
     def __call__(self, sample: dict) -> tuple[Any, int]:
         import peers

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Per-core throughput of the pooled image pipeline: decode + RandomResizedCrop(224) + flip + CHW.
 
-    python scripts/bench_pipeline.py [DIR] [--n 400] [--reps 5] [--upscale K]
+    python scripts/benchmarks/bench_pipeline.py [DIR] [--n 400] [--reps 5] [--upscale K]
 
-DIR is an ImageFolder of JPEGs (default: data/imagenet2k, made with scripts/make_dataset.py if
+DIR is an ImageFolder of JPEGs (default: data/imagenet2k, made with scripts/tools/make_dataset.py if
 missing: 2000 ImageNet-like images, short side 256..512). ``--upscale K`` first writes a copy of DIR with
 every image enlarged K times (bicubic, plus a little noise for photo-like entropy; JPEG q90) to
 DIR_xK and benchmarks that: photo-sized images, where DCT-domain downscaling matters.
@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cv2.setNumThreads(1)
     if not glob.glob(os.path.join(a.dir, "*", "*.jpg")):
-        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
         from make_dataset import make_dataset
 
         make_dataset(a.dir, n=max(a.n, 2000), classes=10, progress=False)

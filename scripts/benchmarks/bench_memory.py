@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Memory of the file index in workers (copy-on-read) and of the whole image pipeline.
 
-    python scripts/bench_memory.py [--sizes 2000 300000] [--workers 2] [--data DIR]
+    python scripts/benchmarks/bench_memory.py [--sizes 2000 300000] [--workers 2] [--data DIR]
 
 1. Copy-on-read. A folder of N files (hard links to one small JPEG, 1000 classes) is read for one
    shuffled epoch by PooledLoader workers (persistent, batch 256). Each worker's USS (private
@@ -11,8 +11,8 @@
    torchvision-style reference, a list of ``(path, label)`` tuples read by the same loader.
 2. Total PSS (main process + workers, sampled every 0.2 s, peak and mean over two epochs) of the
    ImageNet-style pipeline (decode, RandomResizedCrop 224, flip, CHW uint8; batch 256) with
-   PooledLoader + vision against torch DataLoader + Pillow (scripts/peers.py's peer), on ``--data``
-   (made with scripts/make_dataset.py when missing). DALI and FFCV are measured when installed.
+   PooledLoader + vision against torch DataLoader + Pillow (scripts/benchmarks/peers.py's peer), on ``--data``
+   (made with scripts/tools/make_dataset.py when missing). DALI and FFCV are measured when installed.
 
 Every configuration runs in a fresh process. Prints a Markdown table (and ``--json PATH``).
 """
@@ -26,8 +26,8 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts", "benchmarks")]
 
 BATCH = 256
 LINKS_PER_FILE = 50_000

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Make an ImageNet-like JPEG ImageFolder for benchmarks and tests.
 
-    python scripts/make_dataset.py OUT_DIR [--n 2000] [--classes 10] [--seed 0]
+    python scripts/tools/make_dataset.py OUT_DIR [--n 2000] [--classes 10] [--seed 0]
 
 Layout: OUT_DIR/class_000/img_00000.jpg, ... (image i goes to class i % classes).
 

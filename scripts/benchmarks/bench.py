@@ -7,7 +7,7 @@ label; batch 256, 2 workers, persistent workers for both. Each loader runs in it
 both see the same machine load. Reports medians, the ratio, peak RSS and the pool's slot
 allocations after warm-up.
 
-    python scripts/bench.py [--samples 10240] [--epochs 3] [--rounds 3] [--json OUT]
+    python scripts/benchmarks/bench.py [--samples 10240] [--epochs 3] [--rounds 3] [--json OUT]
 """
 from __future__ import annotations
 

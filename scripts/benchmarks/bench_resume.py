@@ -3,9 +3,9 @@
 same loader without, the per_sample_seed cost, StatefulDataLoader's own overhead against
 DataLoader (the peer figure), and the time of one state_dict() call with 8 workers.
 
-    python scripts/bench_resume.py transport [--rounds 5] [--before TREE]
-    python scripts/bench_resume.py images --data DIR [--rounds 5]
-    python scripts/bench_resume.py state-time [--workers 8]
+    python scripts/benchmarks/bench_resume.py transport [--rounds 5] [--before TREE]
+    python scripts/benchmarks/bench_resume.py images --data DIR [--rounds 5]
+    python scripts/benchmarks/bench_resume.py state-time [--workers 8]
 
 Every loader run is a process of its own (one warm-up epoch, then timed epochs); variants
 alternate within each round (the order rotates) so that all see the same machine load, and the

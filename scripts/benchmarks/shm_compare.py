@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """38 MB batches under Docker's default 64 MB /dev/shm: torch DataLoader vs PooledLoader.
 
-    python scripts/shm_compare.py        # needs root and `unshare -m` (a private mount namespace)
+    python scripts/benchmarks/shm_compare.py        # needs root and `unshare -m` (a private mount namespace)
 
 Mounts a 64 MB tmpfs on /dev/shm in a private mount namespace, then loads 2 epochs of batches of
 8 x 4.75 MiB samples (38 MiB each) with 2 workers through each loader and prints what happened.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -36,8 +37,9 @@ for cls in (DataLoader, PooledLoader):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
+    root = os.path.dirname(os.path.dirname(here))
     code = CHILD.format(tests=os.path.join(root, "tests"), root=root)
     cmd = ["unshare", "-m", "sh", "-c",
            'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1"', sys.executable, code]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Ragged batches (issue 26): PooledLoader's collate helpers vs DataLoader with Python collates.
 
-    python scripts/bench_ragged.py [--rounds 5] [--epochs 2] [--workers 2] [--docs 20000]
+    python scripts/benchmarks/bench_ragged.py [--rounds 5] [--epochs 2] [--workers 2] [--docs 20000]
                                    [--only tokens|detection] [--json PATH]
 
 (a) Tokens. A token file (``pooled_loader.tokens``, uint16) of `--docs` documents whose lengths
@@ -36,8 +36,8 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts", "benchmarks")]
 
 MAX_TOKENS = 65536
 MIN_LEN, MAX_LEN = 16, 4096

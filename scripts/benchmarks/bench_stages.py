@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Overhead of the always-on stage timings (issue 29): this tree against the code without them.
 
-    python scripts/bench_stages.py [--base REV] [--rounds 5] [--epochs 3] [--data DIR]
+    python scripts/benchmarks/bench_stages.py [--base REV] [--rounds 5] [--epochs 3] [--data DIR]
                                    [--json OUT]
 
 Two trees run the same loaders, each run in a fresh process, rounds alternating which tree goes
@@ -13,7 +13,7 @@ Workloads, 2 workers, persistent, one warm-up epoch then ``--epochs`` timed epoc
 - transport: bench.py's synthetic 224x224x3 uint8 + label, 10,240 samples, batch 256 (the
   cheapest samples there are, ~30 us each: the worst case for a per-sample cost);
 - images: ImageFolder(--data) with DecodeImage + RandomResizedCrop(224) + flip + ToCHW, batch 64
-  (default data: 600 images made by scripts/make_dataset.py in /tmp);
+  (default data: 600 images made by scripts/tools/make_dataset.py in /tmp);
 - transport-inproc: transport with num_workers=0, rated by this process's CPU time (one thread:
   the least noisy figure on a loaded machine, the very code a worker runs per sample).
 
@@ -39,12 +39,12 @@ import time
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = ("transport", "images", "transport-inproc")
 
 
 class Synthetic(torch.utils.data.Dataset):
-    """As scripts/bench.py: n samples of (224x224x3 uint8, int) from 16 precomputed images."""
+    """As scripts/benchmarks/bench.py: n samples of (224x224x3 uint8, int) from 16 precomputed images."""
 
     def __init__(self, n: int):
         rng = np.random.default_rng(0)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_one(args.one, args.data, args.epochs)))
         return 0
     if not os.path.isdir(args.data):
-        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
         from make_dataset import make_dataset
         make_dataset(args.data, n=600)
     rev = args.base or subprocess.run(["git", "-C", ROOT, "merge-base", "HEAD", "main"],

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Image-loading benchmark: our PooledLoader against its peers, in one run.
 
-    python scripts/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
+    python scripts/benchmarks/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
                                    [--baseline OTHER_CHECKOUT]
 
-Every loader (see scripts/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
+Every loader (see scripts/benchmarks/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
 ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW
 batches over the same ImageFolder. Each runs in its own fresh Python process (so one library's
 threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and then
@@ -28,7 +28,7 @@ reports images per CPU-second: the CPU time (user + system) of the loader's whol
 cores: a projection for otherwise idle cores, an upper bound, not a measurement.  For the
 ceiling rows CPU-seconds are those of the one-core loop.
 
-Make a dataset first: python scripts/make_dataset.py data/imagenet2k --n 2000
+Make a dataset first: python scripts/tools/make_dataset.py data/imagenet2k --n 2000
 """
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ BASELINE_SUFFIX = "@before"
 def run_one(name: str, a) -> dict:
     script, peer = os.path.join(HERE, "peers.py"), name
     if name.endswith(BASELINE_SUFFIX):  # the same loader from the --baseline checkout
-        script, peer = os.path.join(a.baseline, "scripts", "peers.py"), name[:-len(BASELINE_SUFFIX)]
+        script = os.path.join(a.baseline, "scripts", "benchmarks", "peers.py")
+        if not os.path.exists(script):  # a checkout from before scripts/ had folders
+            script = os.path.join(a.baseline, "scripts", "peers.py")
+        peer = name[:-len(BASELINE_SUFFIX)]
     cmd = [sys.executable, script, peer, "--data", a.data,
            "--batch", str(a.batch), "--workers", str(a.workers), "--epochs", str(a.epochs),
            "--warmup", str(a.warmup)]

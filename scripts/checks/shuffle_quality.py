@@ -3,7 +3,7 @@
 WebDataset(shuffle="global"), on shards written sorted by class (the worst case for shard
 shuffling: each shard holds one class).
 
-    python scripts/shuffle_quality.py [--shards 100] [--per-shard 200] [--classes 10]
+    python scripts/checks/shuffle_quality.py [--shards 100] [--per-shard 200] [--classes 10]
                                       [--workers 2] [--batch 32] [--buffers 0,1000]
 
 The order measured is what the training loop sees: the flattened batches of a PooledLoader
@@ -25,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import webdataset as wds  # noqa: E402
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Compare JPEG decoders on one core: full-size and DCT-downscaled decode, images/s.
 
-    python scripts/bench_decode.py [DIR] [--n 200] [--reps 5] [--turbojpeg-lib PATH]
+    python scripts/benchmarks/bench_decode.py [DIR] [--n 200] [--reps 5] [--turbojpeg-lib PATH]
 
-DIR holds JPEGs (searched recursively; default: data/imagenet2k, made by scripts/make_dataset.py
+DIR holds JPEGs (searched recursively; default: data/imagenet2k, made by scripts/tools/make_dataset.py
 if missing).
 
 Decoders: simplejpeg (into a reused buffer), PyTurboJPEG (needs the libturbojpeg shared library,
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _load(dir_: str, n: int) -> list[bytes]:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turbojpeg-lib", default=os.environ.get("TURBOJPEG_LIB"))
     a = p.parse_args(argv)
     if not glob.glob(os.path.join(a.dir, "**", "*.jp*g"), recursive=True):
-        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
         from make_dataset import make_dataset
 
         make_dataset(a.dir, n=max(a.n, 2000), classes=10, progress=False)

@@ -2,9 +2,9 @@
 """The image pipeline over the same tar shards read from local disk and from a localhost HTTP
 server: how much of local throughput remote streaming (pooled_loader.remote) keeps.
 
-    python scripts/bench_remote.py --data DIR [--epochs 3] [--warmup 1] [--batch 256] [--workers 2]
+    python scripts/benchmarks/bench_remote.py --data DIR [--epochs 3] [--warmup 1] [--batch 256] [--workers 2]
 
-DIR as for scripts/bench_wds.py (shard folder, ImageFolder, or where to make one). The server is
+DIR as for scripts/benchmarks/bench_wds.py (shard folder, ImageFolder, or where to make one). The server is
 the standard library's (``python -m http.server``, one thread per connection) in a subprocess on
 127.0.0.1, so its CPU time is taken from the same cores as the loader's: a stricter test than a
 remote object store. Both loaders are PooledLoader + pooled_loader.webdataset.WebDataset with
@@ -29,7 +29,8 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from bench_wds import Sample, make_augment, resolve_shards, time_epochs  # noqa: E402
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     augment = make_augment()
     server = None
     if args.cut:
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
         from http_shards import ShardServer
         server = ShardServer(root, cut_after=args.cut).__enter__()
         base, proc = server.base, None

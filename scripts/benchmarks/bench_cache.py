@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Cached samples vs our JPEG path: PooledLoader images/s over the same images, in one run.
 
-    python scripts/bench_cache.py --data DIR [--cache FILE] [--max-side 512] [--epochs 3]
+    python scripts/benchmarks/bench_cache.py --data DIR [--cache FILE] [--max-side 512] [--epochs 3]
                                   [--warmup 1] [--batch 256] [--workers 2] [--json OUT]
 
 - jpeg:   ImageFolder(DIR, Compose([DecodeImage(), RandomResizedCrop(224),
@@ -14,7 +14,7 @@ interleaved (jpeg, cached, jpeg, cached, ...) so drift in machine load hits both
 figure is the median images/s of the timed epochs, and the ratio is cached / jpeg. The cache is
 built once (time and size reported) and reused by later runs; the first (warm-up) epochs also
 bring the cache file into the page cache. If DIR does not exist it is made with
-scripts/make_dataset.py (--n images).
+scripts/tools/make_dataset.py (--n images).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
 
 from pooled_loader import PooledLoader  # noqa: E402
 from pooled_loader.cache import CachedDataset, build_cache  # noqa: E402
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if not os.path.isdir(a.data):
-        sys.path.insert(0, HERE)
+        sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
         from make_dataset import make_dataset
         print(f"making {a.n} images in {a.data}")
         make_dataset(a.data, n=a.n)

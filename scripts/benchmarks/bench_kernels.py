@@ -20,7 +20,7 @@ single thread.  The same boxes go through every path:
 Rounds interleave the paths (the machine may be shared); ops/s are medians over rounds.
 Quality: mean/max abs difference of each path's uint8 output against Pillow's over the boxes.
 
-    python scripts/bench_kernels.py [--rounds 7] [--boxes 200] [--float] [--json out.json]
+    python scripts/benchmarks/bench_kernels.py [--rounds 7] [--boxes 200] [--float] [--json out.json]
                                     [--baseline OTHER_CHECKOUT] [--sources N]
 
 --sources N: N copies of the source image at distinct addresses, box i reading copy i % N, so that
@@ -41,7 +41,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install the peer loaders that scripts/bench_images.py compares against (all optional).
+# Install the peer loaders that scripts/benchmarks/bench_images.py compares against (all optional).
 #
-#   scripts/install_peers.sh [all|dali|ffcv|basic]
+#   scripts/tools/install_peers.sh [all|dali|ffcv|basic]
 #
 # basic  torch DataLoader + Pillow, webdataset, the simplejpeg/OpenCV ceiling, dataset maker
 # dali   NVIDIA DALI (a ~424 MB wheel; its CPU pipelines run without a GPU, device_id=None)

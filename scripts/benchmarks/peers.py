@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The peer image loaders, each behind one function, for scripts/bench_images.py.
+"""The peer image loaders, each behind one function, for scripts/benchmarks/bench_images.py.
 
 Every loader does the same work on the same ImageFolder of JPEGs: decode, RandomResizedCrop to
 224x224 (scale 0.08..1, ratio 3/4..4/3), random horizontal flip, uint8 CHW, batches of `batch`
@@ -32,7 +32,7 @@ is missing raises ``PeerUnavailable`` with the install command.
     ours_cached    PooledLoader over pooled_loader.cache.CachedDataset (decoded once, max side
                    512; built next to the dataset on first use, untimed): the FFCV RAW counterpart
 
-Run one peer by itself (prints a JSON line): ``python scripts/peers.py NAME --data DIR``.
+Run one peer by itself (prints a JSON line): ``python scripts/benchmarks/peers.py NAME --data DIR``.
 """
 from __future__ import annotations
 
@@ -545,8 +545,8 @@ def run_ceiling_dct(data_dir: str, batch: int = 256, workers: int = 2, epochs: i
 
 def run_ours(data_dir: str, batch: int = 256, workers: int = 2, epochs: int = 3,
              warmup: int = 1) -> list[float]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:  # the checkout's pooled_loader, when run as scripts/peers.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:  # the checkout's pooled_loader, when run as scripts/benchmarks/peers.py
         sys.path.insert(0, root)
     try:
         from pooled_loader import PooledLoader
@@ -572,7 +572,7 @@ def run_ours_cached(data_dir: str, batch: int = 256, workers: int = 2, epochs: i
     """PooledLoader over pooled_loader.cache.CachedDataset: decode + Resize(max_side=512) once
     (the cache is built next to the dataset on first use, not timed), then the random tail
     RandomResizedCrop(224) + flip + CHW each epoch: the counterpart of FFCV RAW."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if root not in sys.path:
         sys.path.insert(0, root)
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Plot a bench_images.py JSON result: images/s per loader, with the ratio to ours.
 
-    python scripts/plot_bench.py bench_out/images_final2.json docs/images_bench.png
+    python scripts/tools/plot_bench.py bench_out/images_final2.json docs/images_bench.png
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ LABELS = {
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (['-h'], ['--help']):
+        print(__doc__)
+        return 0
     if len(argv) != 2:
         print(__doc__)
         return 2

@@ -1,7 +1,7 @@
 """Fuzz the readers of untrusted files: JPEG decode, tar shards, cache headers (issue 24).
 
-    python scripts/fuzz.py --seconds 600                  # every target, 600 s each
-    python scripts/fuzz.py --target tar --seconds 3600 --corpus fuzz_corpus
+    python scripts/checks/fuzz.py --seconds 600                  # every target, 600 s each
+    python scripts/checks/fuzz.py --target tar --seconds 3600 --corpus fuzz_corpus
 
 Targets (each takes one input's bytes):
 
@@ -38,7 +38,8 @@ import zlib
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 # pooled_loader is imported by _load(), after atheris (if used) has hooked its imports
 
 
@@ -295,7 +296,7 @@ def extension_checks_wide_ints() -> bool:
              "try: _jpeg.decode(d, np.empty(1 << 16, np.uint8), 1, 2**62, 0, 2**62, 8)\n"
              "except ValueError: print('checked')")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                       timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       timeout=60, cwd=ROOT)
     return r.stdout.strip() == "checked"
 
 

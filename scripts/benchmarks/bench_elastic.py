@@ -3,7 +3,7 @@
 `merge_rank_states` of 64 ranks x 8 workers (map-style and WebDataset), and the time to the first
 batch after loading a merged state against a fresh start (same run, alternating, medians).
 
-    python scripts/bench_elastic.py [--rounds 5] [--n 1281167]
+    python scripts/benchmarks/bench_elastic.py [--rounds 5] [--n 1281167]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import warnings
 from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
 warnings.filterwarnings("ignore", message="This DataLoader will create")
 
 import numpy as np  # noqa: E402

@@ -3,7 +3,7 @@
 `__getitems__`), a custom collate with num_workers=0 (handed out as is), and what copying small
 leaves (labels) out of their slot costs.
 
-    python scripts/bench_integrations.py [--rounds 7] [--cases hf-torch,hf-numpy,collate0,small]
+    python scripts/benchmarks/bench_integrations.py [--rounds 7] [--cases hf-torch,hf-numpy,collate0,small]
 
 Each round times one epoch of every loader of a case in this process, the order alternating
 between rounds (after one warm-up epoch each; workers are persistent); the figure is the
