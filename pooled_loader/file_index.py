@@ -6,7 +6,8 @@ so one folder gets the same class indices everywhere. Its order is torchvision's
 sorted by name (hidden ones included, symlinks followed), files sorted within each walked
 directory, directories in sorted path order. A Jupyter ``.ipynb_checkpoints/`` next to the class
 folders is therefore class 0 and shifts every label, as in torchvision; the listing warns about it
-and ``include_hidden=False`` leaves hidden folders and files out.
+and ``include_hidden=False`` leaves hidden folders and files out. Whether two sources (folder,
+cache, shards) number their classes alike is pooled_loader.class_check's question.
 
 No object per file. Forked workers that look samples up in a list of ``(path, label)`` tuples
 touch every tuple's reference count, so each worker ends up with a private copy of the pages
@@ -26,10 +27,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from .errors import ClassMismatchError
-
 __all__ = ["IMG_EXTENSIONS", "FileIndex", "list_image_folder", "SampleList", "TargetList",
-           "classes_of", "check_classes"]
+           "is_hidden"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -120,7 +119,8 @@ def _pack(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(items), np.uint8), offsets
 
 
-def _hidden(name: str) -> bool:
+def is_hidden(name: str) -> bool:
+    """A hidden file or folder name (starts with ``.``), as the listing treats it."""
     return name.startswith(".")
 
 
@@ -136,8 +136,8 @@ def _walk(top: str, include_hidden: bool) -> list[tuple[str, list[str]]]:
             continue
         seen.add((st.st_dev, st.st_ino))
         if not include_hidden:
-            dirnames[:] = [d for d in dirnames if not _hidden(d)]
-            filenames = [f for f in filenames if not _hidden(f)]
+            dirnames[:] = [d for d in dirnames if not is_hidden(d)]
+            filenames = [f for f in filenames if not is_hidden(f)]
         out.append((dirpath, filenames))
     out.sort(key=lambda e: e[0])
     return out
@@ -165,7 +165,7 @@ def list_image_folder(root: str | os.PathLike, *, include_hidden: bool | None = 
     classes = [e.name for e in entries if e.is_dir()
                and not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
     if include_hidden is False:
-        classes = [c for c in classes if not _hidden(c)]
+        classes = [c for c in classes if not is_hidden(c)]
     if not classes:
         raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
     rels: list[bytes] = []
@@ -178,9 +178,9 @@ def list_image_folder(root: str | os.PathLike, *, include_hidden: bool | None = 
             rel_dir = os.path.join(dirpath[len(prefix):], "")
             images = [f for f in sorted(filenames) if f.lower().endswith(exts)]
             rels.extend(os.fsencode(rel_dir + f) for f in images)
-            if include_hidden is None and not _hidden(name):
-                in_hidden_dir = any(_hidden(part) for part in rel_dir.split(os.sep))
-                hidden_files += [rel_dir + f for f in images if in_hidden_dir or _hidden(f)]
+            if include_hidden is None and not is_hidden(name):
+                in_hidden_dir = any(is_hidden(part) for part in rel_dir.split(os.sep))
+                hidden_files += [rel_dir + f for f in images if in_hidden_dir or is_hidden(f)]
         labels.extend([label] * (len(rels) - n0))
         if len(rels) == n0:
             empty.append(name)
@@ -188,7 +188,7 @@ def list_image_folder(root: str | os.PathLike, *, include_hidden: bool | None = 
         raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)} in "
                                 f"{root}. Supported extensions are: {', '.join(exts)} "
                                 "(allow_empty=True accepts empty classes)")
-    hidden_classes = [c for c in classes if _hidden(c)]
+    hidden_classes = [c for c in classes if is_hidden(c)]
     if include_hidden is None and (hidden_classes or hidden_files):
         what = []
         if hidden_classes:
@@ -256,55 +256,3 @@ class TargetList(_IndexView):
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.array(self._index.labels, dtype=dtype)
-
-
-def classes_of(source: Any) -> tuple[list[str] | None, str]:
-    """``(class names, description)`` recorded by ``source``: a list of names, a dataset with
-    ``classes`` (ImageFolder), a cache (CachedDataset or its path: names from its header), or a
-    shard set (WebDataset, or a URL pattern or directory as ``WebDataset`` takes). Names are None
-    when ``source`` records none."""
-    if isinstance(source, (list, tuple)):
-        return [str(c) for c in source], "the given class list"
-    header = getattr(source, "header", None)
-    if isinstance(header, dict) and "source" in header:
-        return header["source"].get("classes"), f"cache {getattr(source, 'path', '?')}"
-    if getattr(source, "classes", None) is not None:
-        return list(source.classes), repr(source)
-    urls = getattr(source, "urls", source)
-    if isinstance(urls, (str, os.PathLike)) and os.path.isfile(urls) \
-            and not os.fspath(urls).endswith(".tar"):
-        from .cache.format import read_header
-        return read_header(os.fspath(urls))["source"].get("classes"), f"cache {urls}"
-    from .shards import read_shard_classes
-    from .webdataset import expand_shards
-    shards = expand_shards(urls)
-    return read_shard_classes(shards), (f"shard set {shards[0]}" + (
-        f" (+{len(shards) - 1} more)" if len(shards) > 1 else ""))
-
-
-def check_classes(expected: Sequence[str], source: Any, where: str = "this dataset") -> None:
-    """Raise ClassMismatchError unless ``source`` (see ``classes_of``) has the classes
-    ``expected``, in the same order (so the same labels)."""
-    got, what = classes_of(source)
-    if got is None:
-        raise ClassMismatchError(
-            f"{what} records no class names, so its labels cannot be checked against {where}; "
-            "rewrite it with this version of pooled_loader (shards write / build_cache)")
-    if list(got) == list(expected):
-        return
-    diffs = []
-    theirs = {c: i for i, c in enumerate(got)}
-    for i, c in enumerate(expected):
-        if c not in theirs:
-            diffs.append(f"{c!r} missing there")
-        elif theirs[c] != i:
-            diffs.append(f"{c!r} is {theirs[c]} there and {i} here")
-    diffs += [f"{c!r} only there" for c in got if c not in set(expected)]
-    hint = ""
-    if any(_hidden(c) for c in list(got) + list(expected)):
-        hint = ("; a hidden folder such as .ipynb_checkpoints is a class in one of them: list "
-                "both with the same include_hidden")
-    raise ClassMismatchError(
-        f"{what} and {where} label classes differently ({'; '.join(diffs[:5])}"
-        f"{'; ...' if len(diffs) > 5 else ''}): {len(got)} classes there {list(got)[:10]}, "
-        f"{len(expected)} here {list(expected)[:10]}{hint}")

@@ -35,18 +35,21 @@ from __future__ import annotations
 import bisect
 import collections
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from .errors import SampleError
+from .shard_cache import is_cacheable
+from .shard_samples import Sample, error_reason, shard_samples
+from .wds_state import check_keys
 
 if TYPE_CHECKING:
     from .shard_cache import ShardCache
     from .shard_index import ShardIndex
-    from .webdataset import WebDataset
 
-__all__ = ["GlobalOrder", "consumed_positions", "use_cache", "STATE_KEYS"]
+__all__ = ["GlobalOrder", "GlobalReader", "consumed_positions", "use_cache", "fresh_state",
+           "resumed_state", "STATE_KEYS"]
 
 STATE_VERSION = 1
 STATE_KEYS = ("version", "mode", "seed", "epoch", "samples", "shards", "rank", "world_size",
@@ -102,107 +105,110 @@ def consumed_positions(state: dict) -> range:
     return range(start, start + step * min(state["consumed"], share), step)
 
 
-def fresh_state(ds: "WebDataset") -> dict:
-    """The state of this (rank, worker) before its first sample of ``ds.epoch``."""
-    rank, world = ds._current_rank_world()
-    wid, nworkers = ds._worker()
-    return {"version": STATE_VERSION, "mode": "global", "seed": ds.seed, "epoch": ds.epoch,
-            "samples": ds.samples_per_epoch, "shards": len(ds.urls), "rank": rank,
-            "world_size": world, "worker": wid, "num_workers": nworkers, "consumed": 0,
-            "done": 0, "skipped": ds.skipped}
+def fresh_state(*, seed: int, epoch: int, samples: int, shards: int, rank: int,
+                world_size: int, worker: int, num_workers: int, skipped: int) -> dict:
+    """The state of slot (``rank``, ``worker``) before its first sample of ``epoch``."""
+    return {"version": STATE_VERSION, "mode": "global", "seed": seed, "epoch": epoch,
+            "samples": samples, "shards": shards, "rank": rank, "world_size": world_size,
+            "worker": worker, "num_workers": num_workers, "consumed": 0, "done": 0,
+            "skipped": skipped}
 
 
-def iterate(ds: "WebDataset", order: GlobalOrder, resume: Optional[dict]
-            ) -> Iterator[Any]:
-    """The samples of this (rank, worker) for ``ds.epoch``, from ``resume`` when given;
-    ``ds._progress`` is kept as the state dict of the last sample yielded."""
-    state = fresh_state(ds)
-    ids = order.share(ds.epoch, state["rank"], state["world_size"], state["worker"],
-                      state["num_workers"])
+def resumed_state(fresh: dict, resume: Optional[dict]) -> dict:
+    """Where the slot whose ``fresh_state`` is ``fresh`` starts: there, or where ``resume`` (a
+    state of the same slot and epoch) stopped. Raises ``ValueError`` when it does not fit."""
+    state = dict(fresh)
     if resume is not None:
         check_fits(resume, state)
         state.update(consumed=int(resume["consumed"]), done=int(resume["done"]))
-    ds._progress = dict(state)
-    quota = len(ids)
-    handles: collections.OrderedDict = collections.OrderedDict()
-    idle = 0
-    try:
-        while state["done"] < quota:
-            g = int(ids[state["consumed"] % quota])
-            state["consumed"] += 1
-            shard, offset, size = order.locate(g)
-            ok, out = _read(ds, handles, shard, offset, size)
-            if not ok:
-                idle += 1
-                if idle > quota:
-                    raise SampleError(f"no usable sample in a whole pass over this worker's "
-                                      f"{quota} samples; {ds.skipped} skipped")
-                continue
-            idle = 0
-            state["done"] += 1
-            state["skipped"] = ds.skipped
-            ds._progress = dict(state)
-            yield out
-    finally:
-        for h in handles.values():
-            h.close()
+    return state
 
 
-def _read(ds: "WebDataset", handles: collections.OrderedDict, shard: int, offset: int,
-          size: int) -> tuple[bool, Any]:
-    from .webdataset import _reason, _shard_samples
+class GlobalReader:
+    """Reads a slot's share of an epoch's permutation, one sample by offset at a time: from the
+    shard's cached copy (``cache``: given only when every shard fits it, see ``use_cache``),
+    else from its URL (a local seek or an HTTP Range request)."""
 
-    url = ds.urls[shard]
-    try:
-        src = _source(ds, handles, shard)
-        samples = _shard_samples(src, offset, end=offset + size, retries=ds.retries,
-                                 backoff_s=ds.retry_backoff_s)
+    def __init__(self, urls: list[str], indexes: list["ShardIndex"], seed: int,
+                 cache: Optional["ShardCache"], *, retries: int, backoff_s: float) -> None:
+        self.urls, self.indexes, self.cache = urls, indexes, cache
+        self.order = GlobalOrder(indexes, seed)
+        self.retries, self.backoff_s = retries, backoff_s
+
+    def samples(self, state: dict, apply: Callable[[Sample], tuple[bool, Any]],
+                fail: Callable[[str, str, BaseException], None]) -> Iterator[tuple[Any, dict]]:
+        """``(output, state after it)`` for each sample left of the slot ``state`` describes
+        (``resumed_state``). ``apply(sample)`` gives ``(ok, output)``; ``fail(url, what, exc)``
+        raises, or counts a skip (``on_error="skip"``): a sample not ok is one skip either way,
+        replaced by the share's next position."""
+        state = dict(state)
+        ids = self.order.share(state["epoch"], state["rank"], state["world_size"],
+                               state["worker"], state["num_workers"])
+        quota = len(ids)
+        handles: collections.OrderedDict = collections.OrderedDict()
+        idle = 0
         try:
-            sample = next(samples, (None,))[0]
+            while state["done"] < quota:
+                g = int(ids[state["consumed"] % quota])
+                state["consumed"] += 1
+                ok, out = self._read(handles, *self.order.locate(g), apply, fail)
+                if not ok:
+                    state["skipped"] += 1
+                    idle += 1
+                    if idle > quota:
+                        raise SampleError(f"no usable sample in a whole pass over this worker's "
+                                          f"{quota} samples; {state['skipped']} skipped")
+                    continue
+                idle = 0
+                state["done"] += 1
+                yield out, dict(state)
         finally:
-            samples.close()
-        if sample is None:
-            raise ValueError(f"no sample at byte {offset} (is its shard index stale?)")
-    except Exception as exc:  # noqa: BLE001 - reported with the shard and offset
-        ds._fail(url, f"sample at byte {offset}: {_reason(exc)}", exc)
-        return False, None
-    sample["__url__"] = url
-    return ds._apply(sample)
+            for h in handles.values():
+                h.close()
 
+    def _read(self, handles: collections.OrderedDict, shard: int, offset: int, size: int,
+              apply: Callable[[Sample], tuple[bool, Any]],
+              fail: Callable[[str, str, BaseException], None]) -> tuple[bool, Any]:
+        url = self.urls[shard]
+        try:
+            src = self._source(handles, shard)
+            samples = shard_samples(src, offset, end=offset + size, retries=self.retries,
+                                    backoff_s=self.backoff_s)
+            try:
+                sample = next(samples, (None,))[0]
+            finally:
+                samples.close()
+            if sample is None:
+                raise ValueError(f"no sample at byte {offset} (is its shard index stale?)")
+        except Exception as exc:  # noqa: BLE001 - reported with the shard and offset
+            fail(url, f"sample at byte {offset}: {error_reason(exc)}", exc)
+            return False, None
+        sample["__url__"] = url
+        return apply(sample)
 
-def _source(ds: "WebDataset", handles: collections.OrderedDict, shard: int) -> str:
-    """What to read shard ``shard`` from: its cached copy (kept pinned among the last
-    ``OPEN_SHARDS``), else its URL (a local seek or an HTTP Range request)."""
-    url = ds.urls[shard]
-    if ds.cache is None or not ds._cache_global:
-        return url
-    if shard in handles:
-        handles.move_to_end(shard)
-        return handles[shard].path
-    ix = ds.indexes[shard]
-    h = ds.cache.open(url, size=ix.shard_bytes, sha256=ix.sha256) \
-        if _remote(url) else None
-    if h is None:
-        return url
-    handles[shard] = h
-    if len(handles) > OPEN_SHARDS:
-        handles.popitem(last=False)[1].close()
-    return h.path
-
-
-def _remote(url: str) -> bool:
-    from .shard_cache import is_cacheable
-    return is_cacheable(url)
+    def _source(self, handles: collections.OrderedDict, shard: int) -> str:
+        """What to read shard ``shard`` from: its cached copy (kept pinned among the last
+        ``OPEN_SHARDS``), else its URL."""
+        url = self.urls[shard]
+        if self.cache is None:
+            return url
+        if shard in handles:
+            handles.move_to_end(shard)
+            return handles[shard].path
+        ix = self.indexes[shard]
+        h = self.cache.open(url, size=ix.shard_bytes, sha256=ix.sha256) \
+            if is_cacheable(url) else None
+        if h is None:
+            return url
+        handles[shard] = h
+        if len(handles) > OPEN_SHARDS:
+            handles.popitem(last=False)[1].close()
+        return h.path
 
 
 def check_complete(state: dict) -> None:
     """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state."""
-    missing = [k for k in STATE_KEYS if k not in state]
-    if missing:
-        raise ValueError(f"WebDataset global-shuffle state is incomplete: missing {missing}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"WebDataset global-shuffle state version {state['version']!r} is not "
-                         f"{STATE_VERSION}: written by another version of pooled_loader")
+    check_keys(state, STATE_KEYS, STATE_VERSION, "WebDataset global-shuffle state")
 
 
 def check_fits(state: dict, mine: dict) -> None:

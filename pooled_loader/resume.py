@@ -7,8 +7,8 @@ workers have prefetched (prefetched, undelivered batches are simply rebuilt afte
   in the main process when the sampler or batch_sampler has `state_dict`, taken every
   `snapshot_every_n_steps` batches) plus how many sampler items the delivered batches consumed
   since; resume restores the sampler and fast-forwards it without loading anything. The default
-  shuffled sampler is `ResumableRandomSampler`: torch's RandomSampler (same order), whose pass can
-  be replayed from a seed or a generator state.
+  shuffled sampler is `ResumableRandomSampler` (`resumable_sampler.py`): torch's RandomSampler
+  (same order), whose pass can be replayed from a seed or a generator state.
 - Iterable: each worker counts the items its delivered batches consumed and, every
   `snapshot_every_n_steps` of its batches, piggybacks its dataset's (or iterator's) `state_dict()`
   on the Done message (`messages.StreamPosition`). Resume loads that state inside the worker and
@@ -19,22 +19,18 @@ The layout follows torchdata's StatefulDataLoader where that costs nothing (its 
 """
 from __future__ import annotations
 
-import base64
 import collections
 import dataclasses
 import itertools
-import operator
-import random
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import numpy as np
-import torch
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import BatchSampler
 
 from .elastic import merge_rank_states  # noqa: F401 - public here: resume on any world size
 from .errors import StateMismatch
+from .resumable_sampler import ResumableRandomSampler  # public here, as before
+from .seeds import sample_seed, seed_globals  # noqa: F401 - imported from here by worker.py
 from .state_keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED,
                          FETCHER_STATE, FORMAT, INDEX_SAMPLER_STATE, ITERATOR_FINISHED,
                          LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, POOLED,
@@ -46,146 +42,6 @@ from .stateful import follows_stateful
 def has_state(obj: Any) -> bool:
     """torchdata's `Stateful`: `state_dict()` and `load_state_dict(state)` (`stateful.py`)."""
     return follows_stateful(obj)
-
-
-# -- per-sample seeds -----------------------------------------------------------------------------
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _index_key(index: Any) -> int:
-    if isinstance(index, (int, np.integer)):
-        return int(index) & _MASK64
-    return zlib.crc32(repr(index).encode())  # stable across processes, unlike hash()
-
-
-def sample_seed(base_seed: int, epoch: int, index: Any) -> int:
-    """A 63-bit seed for one sample: splitmix64 chained over (base seed, epoch, index), so that
-    neighbouring indices or epochs give unrelated seeds (unlike base + index)."""
-    x = _splitmix64(base_seed & _MASK64)
-    x = _splitmix64(x ^ (epoch & _MASK64))
-    return _splitmix64(x ^ _index_key(index)) >> 1
-
-
-def seed_globals(seed: int) -> None:
-    """Seed the global RNGs a transform draws from: `random`, `numpy.random` and torch's CPU
-    generator. Not `torch.manual_seed`: it also seeds every accelerator backend and costs ~100x
-    more, per sample; workers draw on the CPU."""
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-    torch.default_generator.manual_seed(seed)
-
-
-# -- the default shuffled sampler -----------------------------------------------------------------
-def _encode_generator(gen: torch.Generator) -> str:
-    return base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
-
-
-def _decode_generator(text: Any) -> torch.Tensor:
-    if isinstance(text, torch.Tensor):  # torchdata's layout keeps the tensor itself
-        return text
-    raw = base64.b64decode(text.encode("ascii"), validate=True)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-class ResumableRandomSampler(RandomSampler):
-    """torch's RandomSampler (the very same order for the same seed or generator) whose current
-    pass can be saved and replayed: `state_dict()` is {"seed" or "generator", "yielded"}.
-
-    Without a generator each pass draws a 64-bit seed from torch's global RNG, as torch does; with
-    one, the pass starts from the generator's state, saved base64-encoded (JSON-friendly). A pass
-    starts when `iter()` is called; torch's BatchSampler calls it at its own first `next()`, after
-    the loader has drawn its base seed, which keeps DataLoader's order of draws."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._start: dict | None = None
-        self._given = 0  # indices given by the lists of the current pass before `_current`
-        self._current: Iterator[int] | None = None
-        self._current_len = 0
-        self._replay: dict | None = None
-
-    def _chunks(self, gen: torch.Generator) -> Iterator[list[int]]:
-        """The pass's indices as torch's RandomSampler draws them: a list per draw, each drawn
-        when the indices before it are used up."""
-        n = len(self.data_source)
-        if self.replacement:
-            for _ in range(self.num_samples // 32):
-                yield torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen).tolist()
-            yield torch.randint(high=n, size=(self.num_samples % 32,), dtype=torch.int64,
-                                generator=gen).tolist()
-        else:
-            for _ in range(self.num_samples // n):
-                yield torch.randperm(n, generator=gen).tolist()
-            yield torch.randperm(n, generator=gen).tolist()[:self.num_samples % n]
-
-    def _begin(self) -> tuple[torch.Generator, int]:
-        replay, self._replay = self._replay, None
-        if replay is not None:
-            self._start = {k: v for k, v in replay.items() if k != "yielded"}
-            if "seed" in self._start:
-                gen = torch.Generator()
-                gen.manual_seed(int(self._start["seed"]))
-            else:  # the user's generator continues from the saved state
-                gen = self.generator if self.generator is not None else torch.Generator()
-                gen.set_state(_decode_generator(self._start["generator"]))
-            return gen, int(replay.get("yielded", 0))
-        if self.generator is None:
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            gen = torch.Generator()
-            gen.manual_seed(seed)
-            self._start = {"seed": seed}
-        else:
-            gen = self.generator
-            self._start = {"generator": _encode_generator(gen)}
-        return gen, 0
-
-    def _lists(self) -> Iterator[Iterator[int]]:
-        """The pass (started at the first index asked for), as one iterator per drawn list."""
-        gen, skip = self._begin()
-        self._given, self._current = 0, None
-        for chunk in self._chunks(gen):
-            if skip >= len(chunk):
-                skip -= len(chunk)
-                self._given += len(chunk)
-                continue
-            self._given += skip
-            self._current, self._current_len = iter(chunk[skip:]), len(chunk) - skip
-            skip = 0
-            yield self._current
-            self._given += self._current_len
-            self._current = None
-
-    @property
-    def _yielded(self) -> int:
-        """How many indices the current pass has given (the current list's iterator knows how
-        many it has left)."""
-        if self._current is None:
-            return self._given
-        return self._given + self._current_len - operator.length_hint(self._current)
-
-    def __iter__(self) -> Iterator[int]:
-        # chained lists: each index costs no Python frame (a generator per index cost ~5 us a
-        # batch of 64, more than DataLoader's whole sampler)
-        return itertools.chain.from_iterable(self._lists())
-
-    def state_dict(self) -> dict:
-        """The current pass: its start (seed or generator state) and how many indices it gave."""
-        if self._start is None:
-            raise RuntimeError("ResumableRandomSampler.state_dict(): no pass has started yet")
-        return {**self._start, "yielded": self._yielded}
-
-    def load_state_dict(self, state: dict) -> None:
-        """The next `iter()` replays that pass, after the indices it had already given."""
-        if not isinstance(state, dict) or not ({"seed", "generator"} & set(state)):
-            raise StateMismatch(f"not a ResumableRandomSampler state: {state!r:.200}")
-        self._replay = dict(state)
 
 
 # -- where the sampler stands ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ Format: next to ``data-000001.tar`` lies ``data-000001.tar.idx.json``, UTF-8 JSO
      "sha256": "<hex of the whole shard>", "offsets": [1024, 3584, ...], "sizes": [2560, ...]}
 
 ``offsets[i]`` is where sample ``i``'s first tar header starts and ``sizes[i]`` the bytes up to
-where the next sample starts (its headers, data and padding), as ``pooled_loader.webdataset``
+where the next sample starts (its headers, data and padding), as ``pooled_loader.shard_samples``
 groups members into samples (so ``shards index`` and the reader agree on what a sample is).
 Compressed shards cannot be indexed (their offsets are not file offsets).
 
@@ -35,6 +35,7 @@ from typing import Optional
 
 from . import remote
 from .errors import SampleError
+from .shard_samples import shard_samples
 
 __all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
            "parse_index", "load_index", "index_url"]
@@ -73,10 +74,8 @@ def index_url(url: str) -> str:
 
 def build_index(path: str) -> ShardIndex:
     """Index a local tar shard by reading it once (every sample, as the reader groups them)."""
-    from .webdataset import _shard_samples  # the reader's own grouping, so both agree
-
     offsets, sizes = [], []
-    for _, start, after in _shard_samples(path, 0):
+    for _, start, after in shard_samples(path, 0):  # the reader's own grouping, so both agree
         if start is None or after is None:
             raise ValueError(f"{path}: a compressed shard cannot be indexed (its offsets are "
                              "not file offsets); index the uncompressed .tar")

@@ -33,6 +33,7 @@ from .errors import ClassMismatchError, ShardFormatError
 from . import remote
 from .file_index import list_image_folder
 from .shard_index import write_index
+from .shard_samples import expand_shards
 from .tar_reader import TarReader
 
 __all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
@@ -171,7 +172,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     "a path")
     args = parser.parse_args(argv)
     if args.command == "index":
-        from .webdataset import expand_shards
         for path in expand_shards(args.pattern):
             if "://" in path or path.startswith("pipe:"):
                 raise ValueError(f"{path}: shards index works on local shards; index them "

@@ -8,18 +8,8 @@ The dataset is ``ImageFolder(DIR)`` with the standard training pipeline (DecodeI
 RandomResizedCrop 224, RandomHorizontalFlip, ToCHW), or ``CachedDataset(PATH)`` with the random
 tail (RandomResizedCrop + flip + ToCHW, or flip + ToCHW when the cache already stores crops).
 
-Search: coordinate descent. Start from num_workers = CPU count, prefetch_factor 2, the default
-pool (in-flight batches + 2 slots) and the middle batch size; vary one knob at a time with the
-others at the best so far; a change is kept when it is faster by more than ``--tolerance`` (noise
-on a shared machine), or as fast and cheaper (fewer workers, less pool memory). Passes repeat
-while they improve and the budget lasts. Each trial starts a fresh loader (fixed shuffle seed),
-runs warm-up batches, then measures images/s over at most ``--max-batches`` batches or its share of
-the budget (at least ``--min-batches``). ``pool_slots`` is swept as slots beyond the batches in
-flight (``num_workers * prefetch_factor``), so it stays meaningful as the other knobs move.
-A winner other than the start is then measured again against the start, in turn
-(``--confirm-rounds``, so drift in the machine's load hits both alike), and kept only if the
-medians agree. The budget is a target: a started trial finishes, and a winner found late is
-still checked once.
+Search: coordinate descent from a starting point, each winner measured again against the start
+(pooled_loader.tune_search says how).
 
 ``--simulate-step-ms`` sleeps that long per batch of the starting batch size (a stand-in training
 step, scaled in proportion for other batch sizes, as a step's time grows with its batch), so the
@@ -42,55 +32,19 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from .constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_POOL_EXTRA_SLOTS, DEFAULT_PREFETCH_FACTOR,
-                        default_pool_slots)
+from .constants import BOTTLENECK_WAIT_SHARE, DEFAULT_POOL_EXTRA_SLOTS, DEFAULT_PREFETCH_FACTOR
 from .loader import PooledLoader
+from .tune_report import format_table, write_plot
+from .tune_search import KNOBS, Setting, confirm, coordinate_descent, recommended_line
 
-KNOBS = ("num_workers", "batch_size", "prefetch_factor", "pool_extra")
-SEED = 0
+__all__ = ["main", "make_dataset", "run_trial", "failed_trial", "warm_page_cache", "KNOBS",
+           "Setting", "coordinate_descent", "confirm", "recommended_line"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """One point of the search space. ``pool_extra``: pool slots beyond the batches in flight."""
-
-    num_workers: int
-    batch_size: int
-    prefetch_factor: int
-    pool_extra: int
-
-    @property
-    def pool_slots(self) -> int:
-        """Slots: batches in flight (``num_workers * prefetch_factor``, 1 in-process) + extra."""
-        return default_pool_slots(self.num_workers, self.prefetch_factor, self.pool_extra)
-
-    def loader_kwargs(self) -> dict:
-        """Keyword arguments for ``PooledLoader`` (besides the dataset)."""
-        kw: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers}
-        if self.num_workers:
-            kw.update(prefetch_factor=self.prefetch_factor, persistent_workers=True)
-        kw["pool_slots"] = self.pool_slots
-        return kw
-
-    def label(self) -> str:
-        return (f"w{self.num_workers} p{self.prefetch_factor} s{self.pool_slots} "
-                f"b{self.batch_size}")
-
-    def cost(self) -> tuple[int, int]:
-        """What a setting costs (workers, pool memory): the cheaper wins a tie."""
-        return self.num_workers, self.pool_slots * self.batch_size
-
-
-def recommended_line(s: Setting) -> str:
-    """The ``PooledLoader(...)`` call to paste for setting ``s``."""
-    kw = s.loader_kwargs()
-    kw = {"batch_size": kw.pop("batch_size"), "shuffle": True, **kw}
-    return "PooledLoader(dataset, " + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
-
+SEED = 0  # every trial's shuffle order (and the page-cache warm-up's)
 
 # ---------------------------------------------------------------------------------------------
 # Datasets
@@ -242,161 +196,6 @@ def failed_trial(s: Setting, error: BaseException) -> dict:
     return {**dataclasses.asdict(s), "pool_slots": s.pool_slots, "label": s.label(),
             "images_per_s": 0.0, "error": summary, "error_detail": str(error),
             "load_avg_1min": os.getloadavg()[0]}
-
-
-# ---------------------------------------------------------------------------------------------
-# Search
-
-
-def better(a: dict, b: dict, tol: float) -> bool:
-    """Trial ``a`` beats ``b``: faster beyond the tolerance, or as fast and cheaper."""
-    ra, rb = a["images_per_s"], b["images_per_s"]
-    if ra > rb * (1 + tol):
-        return True
-    return ra >= rb * (1 - tol) and a["setting"].cost() < b["setting"].cost()
-
-
-def coordinate_descent(space: dict[str, list[int]], start: Setting,
-                       measure: Callable[[Setting, str], dict], tol: float,
-                       time_left: Callable[[dict], bool],
-                       trials: dict[Setting, dict] | None = None) -> tuple[list[dict], dict]:
-    """Vary one knob at a time from ``start``, keeping the best; repeat while a pass improves
-    and ``time_left(best trial so far)``. Returns (every trial in order, the best trial).
-    Trials are also recorded in ``trials`` as they finish (what is left if interrupted)."""
-    trials = {} if trials is None else trials
-
-    def run(s: Setting, knob: str) -> dict:
-        trials[s] = {**measure(s, knob), "setting": s, "knob": knob, "id": len(trials)}
-        return trials[s]
-
-    best = run(start, "start")
-    improved = True
-    while improved and time_left(best):
-        improved = False
-        for knob in KNOBS:
-            for value in space[knob]:
-                cand = dataclasses.replace(best["setting"], **{knob: value})
-                if cand in trials:
-                    continue
-                if not time_left(best):
-                    break
-                trial = run(cand, knob)
-                if better(trial, best, tol):
-                    best, improved = trial, True
-    return list(trials.values()), best
-
-
-def confirm(first: dict, winner: dict, measure: Callable[[Setting, str], dict], rounds: int,
-            tol: float, next_id: int) -> tuple[list[dict], dict, dict[str, list[float]]]:
-    """Measure the search's winner and its starting point again, ``rounds`` times each,
-    interleaved (so drift in the machine's load hits both alike), and keep the winner only if
-    the medians still say it is better. Returns (the new trials, the trial to recommend, every
-    images/s figure per setting label)."""
-    runs: list[dict] = []
-    rates = {t["label"]: [t["images_per_s"]] for t in (first, winner)}
-    for _ in range(rounds):
-        for t in (first, winner):
-            run = {**measure(t["setting"], "confirm"), "setting": t["setting"],
-                   "knob": "confirm", "id": next_id + len(runs)}
-            runs.append(run)
-            rates[t["label"]].append(run["images_per_s"])
-    med = {t["label"]: {"images_per_s": statistics.median(rates[t["label"]]),
-                        "setting": t["setting"]} for t in (first, winner)}
-    keep = better(med[winner["label"]], med[first["label"]], tol)
-    return runs, winner if keep else first, rates
-
-
-# ---------------------------------------------------------------------------------------------
-# Output
-
-
-def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
-    """tune.png: images/s per trial, where the time goes (worker busy/idle, consumer wait) and
-    the workers' milliseconds per sample in each stage (getitem, decode, crop_resize, ...)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"start": "tab:gray", "num_workers": "tab:blue", "batch_size": "tab:orange",
-              "prefetch_factor": "tab:brown", "pool_extra": "tab:purple", "confirm": "black"}
-    x = list(range(len(trials)))
-    labels = [t["label"] for t in trials]
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(max(9.0, 0.6 * len(trials) + 5), 10.5),
-                                        sharex=True)
-    bars = ax1.bar(x, [t["images_per_s"] for t in trials],
-                   color=[colors[t["knob"]] for t in trials])
-    bars[trials.index(best)].set_edgecolor("black")
-    bars[trials.index(best)].set_linewidth(2.5)
-    ax1.set_ylabel("images/s")
-    ax1.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax1.legend(handles, [f"varied: {k}" if k in KNOBS else k for k in colors], fontsize=8,
-               loc="upper left",
-               bbox_to_anchor=(1.01, 1.0))
-    ax1.annotate("best", (trials.index(best), best["images_per_s"]), ha="center",
-                 va="bottom", fontsize=9, fontweight="bold")
-
-    busy = [100 * (t.get("worker_busy_mean") or 0.0) for t in trials]
-    ax2.bar(x, busy, color="tab:green", label="workers busy (mean)")
-    ax2.bar(x, [100 - b for b in busy], bottom=busy, color="#dddddd",
-            label="workers idle")
-    ax2.plot(x, [100 * t.get("wait_fraction", float("nan")) for t in trials], "o-",
-             color="tab:red",
-             label="training loop waiting for data")
-    ax2.set_ylabel("% of measured time")
-    ax2.set_title("where the time goes", fontsize=10)
-    ax2.set_ylim(0, 105)
-    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    _plot_stages(ax3, trials, x)
-    ax3.set_xticks(x)
-    ax3.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
-    ax3.set_xlabel("trial (w=num_workers p=prefetch_factor s=pool_slots b=batch_size)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _plot_stages(ax: Any, trials: list[dict], x: list[int]) -> None:
-    """Stacked bars: each trial's worker milliseconds per sample, stage by stage."""
-    stages: list[str] = []
-    for t in trials:
-        for k in t.get("stage_ms_per_sample") or {}:
-            if k not in stages:
-                stages.append(k)
-    bottom = [0.0] * len(trials)
-    for k in stages:
-        ms = [(t.get("stage_ms_per_sample") or {}).get(k, 0.0) for t in trials]
-        ax.bar(x, ms, bottom=bottom, label=k)
-        bottom = [b + m for b, m in zip(bottom, ms)]
-    ax.set_ylabel("worker ms per sample")
-    ax.set_title("where the workers' time goes, per stage", fontsize=10)
-    if stages:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-
-def format_table(trials: list[dict], best: dict) -> str:
-    """The trials as a fixed-width table; the best is marked with '*'."""
-    head = (f"{'#':>3} {'varied':<15} {'workers':>7} {'prefetch':>8} {'slots':>5} {'batch':>5} "
-            f"{'images/s':>9} {'wait':>5} {'busy':>5} {'grown':>5} {'wRSS MB':>7} {'load':>5}")
-    rows = [head, "-" * len(head)]
-    for t in trials:
-        if "error" in t:
-            rows.append(f"{t['id']:>3} {t['knob']:<15} {t['num_workers']:>7} "
-                        f"{t['prefetch_factor']:>8} {t['pool_slots']:>5} {t['batch_size']:>5} "
-                        f"   failed: {t['error']}"[:160])
-            continue
-        busy = "-" if t["worker_busy_mean"] is None else f"{t['worker_busy_mean']:.0%}"
-        rss = "-" if t["peak_rss_worker_mb"] is None else f"{t['peak_rss_worker_mb']:.0f}"
-        rows.append(f"{t['id']:>3} {t['knob']:<15} {t['num_workers']:>7} "
-                    f"{t['prefetch_factor']:>8} {t['pool_slots']:>5} {t['batch_size']:>5} "
-                    f"{t['images_per_s']:>9.0f} {t['wait_fraction']:>5.0%} {busy:>5} "
-                    f"{t['grown']:>5} {rss:>7} {t['load_avg_1min']:>5.1f}"
-                    + (" *" if t is best else ""))
-    rows.append("wait: share of the loop's time spent waiting for data; busy: mean worker busy "
-                "share; grown: pool growths\n(sizing the first batch counts 1); wRSS: peak RSS "
-                "of one worker (shared pages included: pool, mapped\nfiles); load: 1-minute "
-                "load average after the trial; *: best")
-    return "\n".join(rows)
 
 
 # ---------------------------------------------------------------------------------------------

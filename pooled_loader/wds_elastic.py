@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .wds_plan import slot_share
+
 Run = list  # [shard index in urls, first sample, count]
 
 __all__ = ["merge_stream_states", "slot_runs", "drop_first", "runs_from", "MERGED"]
@@ -118,10 +120,7 @@ def slot_runs(runs: Sequence[Run], rank: int, world: int, worker: int,
               workers: int) -> tuple[list[Run], int]:
     """(runs, quota) of slot (rank, worker) when the samples of `runs` are split as counted mode
     splits an epoch."""
-    total = sum(r[2] for r in runs)
-    per_rank = total // world
-    quota = per_rank // workers + (1 if worker < per_rank % workers else 0)
-    start = rank * per_rank + per_rank // workers * worker + min(worker, per_rank % workers)
+    start, quota = slot_share(sum(r[2] for r in runs), rank, world, worker, workers)
     return _take(runs, start, quota), quota
 
 

@@ -1,9 +1,9 @@
 """WebDataset-format tar shards as an ``IterableDataset`` that never hangs DDP.
 
-Tar headers are read by ``pooled_loader.tar_reader`` (checked and bounded: a corrupt or
-truncated shard is an error, never a hang or silently lost samples) and files are grouped into
-samples by key as ``webdataset.tariterators`` groups them; this module decides *which* samples
-each (rank, worker) reads.
+A shard's tar members are grouped into samples, counted and located by
+``pooled_loader.shard_samples`` (as ``webdataset.tariterators`` groups them; a corrupt or
+truncated shard is an error, never a hang or silently lost samples); this module decides *which*
+samples each (rank, worker) reads.
 
 Epoch policy
 ------------
@@ -49,30 +49,19 @@ epoch (``PooledLoader.set_epoch`` forwards it), as with ``DistributedSampler``.
 Reading: shards are read as a stream by ``pooled_loader.remote.open_shard`` (local paths,
 ``http(s)://``, ``pipe:`` and, with fsspec installed, ``s3://``, ``gs://``, ...). A dropped
 connection or short read in mid-shard is retried with backoff (``retries``, ``retry_backoff_s``)
-and resumes at the byte where it stopped (HTTP Range; a server without Range support is read
-again and the bytes already delivered are discarded), so every sample arrives exactly once.
-Tar members are grouped into samples as ``webdataset.tariterators.group_by_keys`` does.
-With ``cache_dir=`` remote shards are read from a local copy kept under a byte budget
-(``pooled_loader.shard_cache``; counting goes through it too), and ``prefetch_shards=N``
-downloads a worker's next N shards (up to the end of its piece) while it reads one.
-``shuffle="global"`` replaces all of the above ordering with one permutation of every sample,
-read by offset through the shard indexes (``pooled_loader.global_shuffle``, which documents its
-order, split and state).
+and resumes at the byte where it stopped (HTTP Range; a server without Range support is read again
+and the bytes already delivered are discarded), so every sample arrives exactly once. With
+``cache_dir=`` remote shards are read from a local copy kept under a byte budget
+(``pooled_loader.shard_cache``; counting goes through it too), and ``prefetch_shards=N`` downloads
+a worker's next N shards (up to the end of its piece) while it reads one. ``shuffle="global"``
+replaces all of the above ordering with one permutation of every sample, read by offset through the
+shard indexes (``pooled_loader.global_shuffle``, which documents its order, split and state).
 
 Checkpoint and resume: ``state_dict()`` gives this process's position after the last sample its
-iterator yielded, and ``load_state_dict(state)`` before ``iter()`` continues from it. A loader
-calls them inside each worker (every (rank, worker) reads its own piece and keeps its own state).
-The state (plain JSON data) records the epoch, the shard in this worker's cycle, the byte offset
-of its next sample (local files seek to it; remote ones ask for it with a Range request), the
-round and counters above, and the shuffle RNG. The **shuffle buffer is stored**, as the
-positions ``(shard, byte offset, index)`` of the samples it holds (not their bytes): a resume
-reads those samples again (one seek or Range request each) and continues with the same RNG
-state, so the resumed order is exactly the uninterrupted one. Consumed shards are never read
-again. Compressed shards (``.tar.gz``) have no usable byte offsets: they resume by reading the
-current shard from its start and passing over the samples already read. A state taken in another
-epoch than the dataset's at ``iter()`` (``set_epoch`` after ``load_state_dict``) is ignored: the
-epoch starts afresh (with a warning if the state was mid-epoch). A state from another rank,
-worker, worker count, seed or shard list raises ``ValueError`` saying what differs.
+iterator yielded (the shuffle buffer stored as the positions of its samples, so a resume gives
+exactly the uninterrupted order), and ``load_state_dict(state)`` before ``iter()`` continues from
+it; pooled_loader.wds_state documents the state and its checks, pooled_loader.wds_elastic the
+resume on another number of ranks or workers.
 
 Errors: a missing or truncated shard, or a sample the transform fails on (e.g. a missing
 extension), raises ``pooled_loader.errors.SampleError`` naming the shard and key. With
@@ -85,269 +74,30 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
-from webdataset.shardlists import expand_urls
-from webdataset.tariterators import base_plus_ext
 
-from . import global_shuffle, remote, wds_elastic
+from . import global_shuffle, remote, wds_elastic, wds_plan, wds_state
 from .distributed import rank_and_world
-from .errors import SampleError, ShardFormatError
+from .errors import SampleError
 from .shard_cache import Prefetcher, ShardCache
 from .shard_index import load_index
-from .tar_reader import Member, TarReader
+from .shard_samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
+                            expand_shards, is_local_tar, local_sample_offset, shard_samples)
+from .wds_state import Position, Progress
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
-Sample = dict[str, Any]
-Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+# The names scripts/fuzz.py and scripts/bench_tar.py (which also times older versions of this
+# module) reach in for, from before the shard reading moved to shard_samples.
+_shard_samples, _COUNT_CACHE = shard_samples, COUNT_CACHE
 
-_COUNT_CACHE: dict[tuple, int] = {}
 _SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
-_SKIP_META = re.compile(r"__[^/]*__($|/)")  # tar_file_iterator's default skip_meta
-
-
-def expand_shards(urls: Urls) -> list[str]:
-    """Shard URLs from a brace pattern (``data-{0000..0099}.tar``, ``a.tar::b.tar``), a directory
-    (its ``*.tar`` files, sorted) or a list of either."""
-    items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
-    out: list[str] = []
-    for item in items:
-        item = os.fspath(item)
-        if os.path.isdir(item):
-            out.extend(sorted(os.path.join(item, f) for f in os.listdir(item) if f.endswith(".tar")))
-        else:
-            out.extend(expand_urls(item))
-    if not out:
-        raise ValueError(f"no shards in {urls!r}")
-    return out
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{type(exc).__name__}: {exc.strerror}"
-    if isinstance(exc, ShardFormatError):  # the caller names the shard
-        return exc.detail
-    if isinstance(exc, KeyError) and exc.args:
-        return f"KeyError: {exc.args[0]!r}"
-    first = exc.args[0] if exc.args else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _not_a_sample_file(info: Member) -> bool:
-    """Members ``webdataset.tariterators.tar_file_iterator`` leaves out: not regular files, and
-    metadata (``__name__`` at the top level, or matching its ``skip_meta`` pattern)."""
-    name = info.name
-    return (not info.isreg() or ("/" not in name and name.startswith("__") and name.endswith("__"))
-            or bool(_SKIP_META.match(name)))
-
-
-def _is_local_tar(url: str) -> bool:
-    return "://" not in url and not url.startswith("pipe:") and url.endswith(".tar")
-
-
-def _shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
-                   backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None
-                   ) -> Iterator[tuple[Sample, Any, Any]]:
-    """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
-    a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
-
-    ``start``/``next`` are the byte offsets where this sample and the next one begin, or ``None``
-    for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
-    and skipping whole samples). ``end``: read no byte from there on. Errors propagate."""
-    base = offset or 0
-    stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s, end=end)
-    try:
-        if base and not stream.peek(1):
-            return  # resumed at the very end
-        tar = TarReader(stream, url, base=base, sliced=end is not None)
-        plain = tar.plain
-        sample: Optional[Sample] = None
-        start: Optional[int] = None
-        for info in tar:
-            name = info.name
-            if _not_a_sample_file(info):
-                continue
-            prefix, suffix = base_plus_ext(name)
-            if prefix is None:
-                continue
-            here = info.offset if plain else None
-            if sample is None or prefix != sample["__key__"]:
-                if sample is not None:
-                    yield sample, start, here
-                sample, start = {"__key__": prefix, "__url__": url}, here
-            suffix = suffix.lower()
-            if suffix in sample:
-                raise ShardFormatError(url, f"{name}: duplicate file name in the shard")
-            sample[suffix] = tar.read(info)
-        if sample is not None:
-            yield sample, start, (tar.end if plain else None)
-    finally:
-        stream.close()
-
-
-def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
-    """Count a local tar's samples from its headers alone, grouping names exactly as
-    ``webdataset.tariterators.group_by_keys`` does. Returns ``(count, error)``; on a truncated or
-    corrupt tar, ``count`` is what ``webdataset`` yields before it fails (the sample in progress
-    when the read fails is lost)."""
-    count, last = 0, None
-    try:
-        with open(path, "rb") as f:
-            for info in TarReader(f, path):  # checks that each member lies inside the file
-                if _not_a_sample_file(info):
-                    continue
-                prefix, _ = base_plus_ext(info.name)
-                if prefix is not None and prefix != last:
-                    count, last = count + 1, prefix
-    except (ShardFormatError, OSError) as exc:
-        return max(count - 1, 0), _reason(exc)
-    return count, None
-
-
-def _local_sample_offset(path: str, n: int) -> Optional[int]:
-    """Byte offset where sample ``n`` of a local tar begins, from its headers alone (the data
-    is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
-    count, last = 0, None
-    try:
-        with open(path, "rb") as f:
-            for info in TarReader(f, path):
-                if _not_a_sample_file(info):
-                    continue
-                prefix, _ = base_plus_ext(info.name)
-                if prefix is not None and prefix != last:
-                    if count == n:
-                        return info.offset
-                    count, last = count + 1, prefix
-    except (ShardFormatError, OSError):
-        pass
-    return None
-
-
-def count_samples(url: str) -> int:
-    """Number of samples ``webdataset`` yields from one shard (cached per process).
-
-    Raises ``SampleError`` naming the shard when it is missing, truncated or unreadable."""
-    count, error = _count(url)
-    if error:
-        raise SampleError(f"shard {url}: {error}")
-    return count
-
-
-def _count(url: str, **stream_opts: Any) -> tuple[int, Optional[str]]:
-    if _is_local_tar(url):
-        try:
-            st = os.stat(url)
-        except OSError as exc:
-            return 0, _reason(exc)
-        key: tuple = (os.path.abspath(url), st.st_size, st.st_mtime_ns)
-    else:
-        key = (url,)
-    if key in _COUNT_CACHE:
-        return _COUNT_CACHE[key], None
-    if _is_local_tar(url):
-        count, error = _scan_local_tar(url)
-    else:
-        count, error = 0, None
-        try:
-            for _ in _shard_samples(url, **stream_opts):
-                count += 1
-        except Exception as exc:  # noqa: BLE001 - reported with the shard name
-            error = _reason(exc)
-    if error is None:
-        _COUNT_CACHE[key] = count
-    return count, error
-
-
-STATE_VERSION = 1
-
-
-@dataclass
-class _Position:
-    """Where one worker's raw stream stands: the next sample to read is in ``shards[shard]`` at
-    byte ``offset`` (``None``: unknown, compressed shard) after ``index`` samples of it."""
-    shard: int
-    offset: Optional[int] = 0
-    index: int = 0
-    visits: int = 0  # shard visits finished
-    got: bool = False  # this visit yielded a sample
-    idle: int = 0  # consecutive visits that yielded nothing
-
-
-@dataclass
-class _Progress:
-    """Everything ``state_dict()`` needs, as it stood at the last sample this worker yielded."""
-    quota: int
-    pos: _Position
-    rng: random.Random
-    done: int = 0  # samples yielded this epoch
-    round_left: int = 0  # raw samples still to read in this round (see __iter__)
-    rounds: int = 0
-    before: int = 0  # `done` when the round started
-    mark: int = 0  # `pos.visits` when a round last yielded something
-    draining: bool = False
-    buffer: list = field(default_factory=list)  # samples held by the shuffle buffer
-    held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
-    start: tuple = (0, 0)  # (shard, sample) where this worker's piece begins
-
-
-def _check_state_values(state: dict, shuffle_buffer: int) -> None:
-    """Types and ranges of a saved state's values (ValueError naming the key): a negative or
-    oversized count would yield more than this worker's quota (breaking the equal counts that
-    keep DDP from hanging) or skip forever."""
-    def count(key: str, value: Any, most: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"WebDataset state is corrupt: '{key}' should be a non-negative "
-                             f"integer, got {value!r:.80}")
-        if most is not None and value > most:
-            raise ValueError(f"WebDataset state is corrupt: '{key}' is {value}, more than "
-                             f"{most}")
-        return value
-    count("epoch", state["epoch"])
-    count("skipped", state.get("skipped", 0))
-    quota = count("quota", state["quota"])
-    count("done", state["done"], quota)
-    pos = state["position"]
-    if pos is None:
-        return
-    if not isinstance(pos, dict):
-        raise ValueError("WebDataset state is corrupt: 'position' should be a dict or null")
-    for key in ("shard", "index", "visits", "idle"):
-        count(f"position.{key}", pos[key])
-    if pos["offset"] is not None:  # None: a compressed shard, resumed by skipping samples
-        count("position.offset", pos["offset"])
-    rnd = state["round"]
-    if not isinstance(rnd, dict) or any(k not in rnd for k in ("left", "count", "before",
-                                                                 "mark", "draining")):
-        raise ValueError("WebDataset state is corrupt: 'round' should be a dict with left, "
-                         "count, before, mark and draining")
-    count("round.left", rnd["left"], quota)
-    count("round.before", rnd["before"], state["done"])
-    count("round.count", rnd["count"])
-    count("round.mark", rnd["mark"])
-    buffer = state["buffer"]
-    if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
-        raise ValueError(f"WebDataset state is corrupt: 'buffer' should be a list of at most "
-                         f"{shuffle_buffer} (shard, offset, index) entries")
-    for k, entry in enumerate(buffer):
-        if not isinstance(entry, list) or len(entry) != 3:
-            raise ValueError(f"WebDataset state is corrupt: 'buffer[{k}]' should be "
-                             f"[shard, offset, index]")
-        for name, value in zip(("shard", "offset", "index"), entry):
-            if value is not None or name != "offset":
-                count(f"buffer[{k}].{name}", value)
-    rng = state["rng"]
-    if rng is not None and not (isinstance(rng, list) and len(rng) == 3
-                                and isinstance(rng[1], list) and len(rng[1]) == 625):
-        raise ValueError("WebDataset state is corrupt: 'rng' should be null or "
-                         "[version, 625 integers, gauss]")
 
 
 class WebDataset(IterableDataset):
@@ -424,7 +174,7 @@ class WebDataset(IterableDataset):
         self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
-        self._progress: Optional[Union[_Progress, dict]] = None
+        self._progress: Optional[Union[Progress, dict]] = None
         self._runs: Optional[dict] = None  # the running iteration of an elastic resume
         self._order: list[int] = []  # counted mode: the epoch's shards (url indices) in order
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
@@ -452,8 +202,12 @@ class WebDataset(IterableDataset):
             self.shard_sizes = [len(ix) for ix in self.indexes]
             samples_per_epoch = sum(self.shard_sizes)
         self._index_of = dict(zip(self.urls, self.indexes or ()))
+        self._global: Optional[global_shuffle.GlobalReader] = None
         if shuffle == "global":
-            self._cache_global = global_shuffle.use_cache(self.cache, self.indexes)
+            cache = self.cache if global_shuffle.use_cache(self.cache, self.indexes) else None
+            self._global = global_shuffle.GlobalReader(
+                self.urls, self.indexes, self.seed, cache, retries=self.retries,
+                backoff_s=self.retry_backoff_s)
         if samples_per_epoch is None:
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
             samples_per_epoch = sum(self.shard_sizes)
@@ -508,43 +262,21 @@ class WebDataset(IterableDataset):
     def _count_shard(self, url: str) -> int:
         try:
             with self._source(url) as src:
-                count, error = _count(src, retries=self.retries, backoff_s=self.retry_backoff_s)
+                count, error = count_shard(src, retries=self.retries, backoff_s=self.retry_backoff_s)
         except Exception as exc:  # noqa: BLE001 - the cache's download failed: reported below
-            count, error = 0, _reason(exc)
+            count, error = 0, error_reason(exc)
         if error:
             self._fail(url, error)
         return count
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self) -> tuple[int, list[str], int, int]:
-        """(quota, shards to cycle through, index of the first, samples to pass over in it)."""
+    def _plan(self) -> wds_plan.Piece:
         rank, world = self._current_rank_world()
-        info = get_worker_info()
-        wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
-        per_rank = self.samples_per_epoch // world
-        quota = per_rank // nworkers + (1 if wid < per_rank % nworkers else 0)
-        if quota == 0:
-            return 0, [], 0, 0
-        order = list(range(len(self.urls)))
-        if self.shuffle_shards:
-            random.Random(self.seed + self.epoch).shuffle(order)
-        shards = [self.urls[i] for i in order]
-        if self.shard_sizes is None:  # explicit mode: deal shards round-robin to the slots
-            slot, nslots = rank * nworkers + wid, world * nworkers
-            own = shards[slot::nslots]
-            if not own:
-                r = slot % len(shards)
-                own = shards[r:] + shards[:r]
-            return quota, own, 0, 0
-        sizes = self.shard_sizes
-        order = [i for i in order if sizes[i] > 0]  # empty or unreadable when counted
-        self._order = order
-        start = rank * per_rank + per_rank // nworkers * wid + min(wid, per_rank % nworkers)
-        first = 0
-        while start >= sizes[order[first]]:  # find the shard holding position `start`
-            start -= sizes[order[first]]
-            first += 1
-        return quota, [self.urls[i] for i in order], first, start
+        wid, nworkers = self._worker()
+        return wds_plan.plan_piece(
+            self.urls, self.shard_sizes, self.samples_per_epoch, seed=self.seed,
+            epoch=self.epoch, shuffle_shards=self.shuffle_shards, rank=rank, world=world,
+            worker=wid, workers=nworkers)
 
     def _source(self, url: str) -> Any:
         """A context manager giving where to read ``url`` from: its cached copy (pinned while
@@ -556,21 +288,21 @@ class WebDataset(IterableDataset):
 
     def _read_shard(self, url: str, offset: Optional[int], index: int, ahead: Sequence[str] = ()
                     ) -> Iterator[tuple[Sample, Any, Any]]:
-        """``_shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
+        """``shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
         the start and pass over ``index`` samples. ``ahead``: the shards to prefetch next."""
         opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s}
         with self._source(url) as src:
             if self._prefetcher is not None:
                 self._prefetcher.ahead(list(ahead))
             if offset is not None:
-                samples = _shard_samples(src, offset, **opts)
+                samples = shard_samples(src, offset, **opts)
             else:
-                samples = islice(_shard_samples(src, 0, **opts), index, None)
+                samples = islice(shard_samples(src, 0, **opts), index, None)
             for item in samples:
                 item[0]["__url__"] = url  # not the cached copy's path
                 yield item
 
-    def _raw(self, shards: list[str], pos: _Position, skip: int
+    def _raw(self, shards: list[str], pos: Position, skip: int
              ) -> Iterator[tuple[Sample, tuple]]:
         """``(sample, (shard, offset, index))`` from ``pos`` on (passing over ``skip`` samples in
         the first shard), wrapping round forever; ``pos`` always points after the last sample
@@ -592,7 +324,7 @@ class WebDataset(IterableDataset):
                     yield sample, here
             except Exception as exc:  # noqa: BLE001 - reported with shard and key
                 where = f"after key {key!r}" if key is not None else "at the start"
-                self._fail(url, f"{_reason(exc)} ({where})", exc)
+                self._fail(url, f"{error_reason(exc)} ({where})", exc)
             skip = 0
             pos.visits += 1
             pos.idle = 0 if pos.got else pos.idle + (not passing)
@@ -600,18 +332,6 @@ class WebDataset(IterableDataset):
                 raise SampleError(f"no readable sample in a whole pass over {len(shards)} "
                                   f"shards (first: {shards[0]})")
             pos.shard, pos.offset, pos.index, pos.got = (pos.shard + 1) % len(shards), 0, 0, False
-
-    def _piece_end(self, shards: list[str], first: int, nsamples: int) -> int:
-        """Index in ``shards`` of the last shard a piece of ``nsamples`` from ``first`` reaches
-        (how far ahead prefetching is worth it); explicit mode: the whole cycle."""
-        if self.shard_sizes is None:
-            return len(shards) - 1
-        size = dict(zip(self.urls, self.shard_sizes))
-        last = first
-        while last < len(shards) - 1 and nsamples > size[shards[last]]:
-            nsamples -= size[shards[last]]
-            last += 1
-        return last
 
     def _apply(self, sample: Sample) -> tuple[bool, Any]:
         if self.transform is None:
@@ -623,7 +343,7 @@ class WebDataset(IterableDataset):
                 exts = sorted(k for k in sample if not k.startswith("__"))
                 what = f"missing extension {exc.args[0]!r} (has {exts})"
             else:
-                what = f"transform failed: {_reason(exc)}"
+                what = f"transform failed: {error_reason(exc)}"
             self._fail(sample.get("__url__", "?"), f"key {sample.get('__key__')!r}: {what}", exc)
             return False, None
 
@@ -635,8 +355,11 @@ class WebDataset(IterableDataset):
                                  "shuffle='global'")
             if resume is not None and resume["epoch"] != self.epoch:
                 resume = None  # as in shard mode: a state from another epoch is ignored
-            order = global_shuffle.GlobalOrder(self.indexes, self.seed)
-            yield from global_shuffle.iterate(self, order, resume)
+            state = global_shuffle.resumed_state(self._global_state(), resume)
+            self._progress = state
+            for out, after in self._global.samples(state, self._apply, self._fail):
+                self._progress = after  # state_dict() gives the state after the last yield
+                yield out
             return
         if self.prefetch_shards:
             self._prefetcher = Prefetcher(self.cache, self.prefetch_shards)
@@ -654,14 +377,14 @@ class WebDataset(IterableDataset):
 
     def _iter_shards(self, resume: Optional[dict]) -> Iterator[Any]:
         self._runs = None
-        quota, shards, first, skip = self._plan()
-        self._last_shard = self._piece_end(shards, first, skip + quota)
+        piece = self._plan()
+        quota, shards, first, skip = piece.quota, piece.shards, piece.first, piece.skip
+        self._order, self._last_shard = piece.order, piece.last
         rank, _ = self._current_rank_world()
-        info = get_worker_info()
-        rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{info.id if info else 0}")
-        prog = _Progress(quota, _Position(first), rng, start=(first, skip))
+        rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
+        prog = Progress(quota, Position(first), rng, start=(first, skip))
         if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
-            self._check_fits(resume, quota, len(shards))
+            wds_state.check_fits(resume, self._config(), quota, len(shards))
             skip = 0
             prog = self._restore(resume, quota, shards, rng)
         elif resume is not None and resume["epoch"] != self.epoch and resume["position"] and \
@@ -672,8 +395,8 @@ class WebDataset(IterableDataset):
         self._progress = prog
         if quota == 0:
             return
-        if skip and _is_local_tar(shards[first]):  # start inside the first shard: seek there
-            offset = _local_sample_offset(shards[first], skip)
+        if skip and is_local_tar(shards[first]):  # start inside the first shard: seek there
+            offset = local_sample_offset(shards[first], skip)
             if offset is not None:
                 prog.pos.offset, prog.pos.index, skip = offset, skip, 0
         raw = self._raw(shards, prog.pos, skip)
@@ -719,8 +442,7 @@ class WebDataset(IterableDataset):
         """The rest of an epoch resumed from a merged state (this slot's share of it) or from a
         state taken while reading one: its runs in order, no shuffle buffer (`wds_elastic`)."""
         rank, world = self._current_rank_world()
-        info = get_worker_info()
-        wid, nworkers = (info.id, info.num_workers) if info is not None else (0, 1)
+        wid, nworkers = self._worker()
         if resume["mode"] == wds_elastic.MERGED:
             runs, quota = wds_elastic.slot_runs(resume["runs"], rank, world, wid, nworkers)
             done = 0
@@ -731,7 +453,7 @@ class WebDataset(IterableDataset):
         for url_index, first, count in runs:
             url = self.urls[url_index]
             offset = 0 if not first else (
-                _local_sample_offset(url, first) if _is_local_tar(url) else None)
+                local_sample_offset(url, first) if is_local_tar(url) else None)
             got = 0
             try:
                 for sample, _, _ in islice(self._read_shard(url, offset, first), count):
@@ -742,14 +464,14 @@ class WebDataset(IterableDataset):
                         self._runs["done"] += 1
                         yield out
             except Exception as exc:  # noqa: BLE001 - reported with the shard
-                self._fail(url, f"{_reason(exc)} (resumed at sample {first + got})", exc)
+                self._fail(url, f"{error_reason(exc)} (resumed at sample {first + got})", exc)
                 self._runs["raw"] += count - got
                 continue
             if got < count:
                 self._fail(url, f"has {first + got} samples, {first + count} were counted")
                 self._runs["raw"] += count - got
 
-    def _rest(self, prog: _Progress) -> Optional[list]:
+    def _rest(self, prog: Progress) -> Optional[list]:
         """The runs this worker has not read yet (its piece's rest, its buffer's samples), for
         an elastic merge; None where they are not exact (explicit mode, skipped samples)."""
         if self.shard_sizes is None or self.skipped or prog.rounds > 1:
@@ -765,23 +487,32 @@ class WebDataset(IterableDataset):
     # -- checkpoint and resume -----------------------------------------------------------------
     def _config(self) -> dict:
         rank, world = self._current_rank_world()
-        info = get_worker_info()
-        return {"rank": rank, "world_size": world, "worker": info.id if info else 0,
-                "num_workers": info.num_workers if info else 1, "seed": self.seed,
-                "shards": len(self.urls), "samples_per_epoch": self.samples_per_epoch,
+        wid, nworkers = self._worker()
+        return {"rank": rank, "world_size": world, "worker": wid, "num_workers": nworkers,
+                "seed": self.seed, "shards": len(self.urls),
+                "samples_per_epoch": self.samples_per_epoch,
                 "shuffle_shards": self.shuffle_shards, "shuffle_buffer": self.shuffle_buffer}
+
+    def _global_state(self) -> dict:
+        """This (rank, worker)'s global-shuffle state before its first sample of the epoch."""
+        rank, world = self._current_rank_world()
+        wid, nworkers = self._worker()
+        return global_shuffle.fresh_state(
+            seed=self.seed, epoch=self.epoch, samples=self.samples_per_epoch,
+            shards=len(self.urls), rank=rank, world_size=world, worker=wid,
+            num_workers=nworkers, skipped=self.skipped)
 
     def state_dict(self) -> dict:
         """This process's position: after the last sample its iterator yielded (plain JSON data).
 
         Called by the loader inside each worker (each worker reads its own piece). Records the
         shard, the byte offset of its next sample, the shuffle buffer's samples as positions and
-        the shuffle RNG; see "Checkpoint and resume" in the module docstring."""
+        the shuffle RNG; layout: pooled_loader.wds_state's docstring."""
         if self.shuffle == "global":  # layout: pooled_loader.global_shuffle's docstring
             if self._progress is not None and self._progress["epoch"] == self.epoch:
                 return dict(self._progress)
-            return global_shuffle.fresh_state(self)
-        state = {"version": STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
+            return self._global_state()
+        state = {"version": wds_state.STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
         if self._runs is not None:  # reading the runs of an elastic resume
             r = self._runs
@@ -791,18 +522,9 @@ class WebDataset(IterableDataset):
         prog = self._progress
         if prog is None:
             return state
-        pos = prog.pos
-        rng = None
-        if self.shuffle_buffer > 1:  # the only user of the RNG; 625 numbers, so only then
-            version, internal, gauss = prog.rng.getstate()
-            rng = [version, list(internal), gauss]
-        state.update(
-            quota=prog.quota, done=prog.done,
-            position={"shard": pos.shard, "offset": pos.offset, "index": pos.index,
-                      "visits": pos.visits, "got": pos.got, "idle": pos.idle},
-            round={"left": prog.round_left, "count": prog.rounds, "before": prog.before,
-                   "mark": prog.mark, "draining": prog.draining},
-            buffer=prog.held[:], rng=rng, rest=self._rest(prog))
+        # the buffer is the RNG's only user
+        state.update(wds_state.progress_state(prog, keep_rng=self.shuffle_buffer > 1),
+                     rest=self._rest(prog))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -820,70 +542,19 @@ class WebDataset(IterableDataset):
             self.epoch = int(state["epoch"])
             self._resume = state
             return
-        required = ("version", "epoch") + (
-            ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
-        missing = [k for k in required if k not in state]
-        if missing:
-            raise ValueError(f"WebDataset state is incomplete: missing {missing}")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"WebDataset state version {state['version']!r} is not "
-                             f"{STATE_VERSION}: written by another version of pooled_loader")
+        wds_state.check_complete(state, self.shuffle_buffer)
         if state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS):
-            self._load_runs_state(state)
-            return
-        if state["position"] is not None:
-            missing = [k for k in ("round", "buffer", "rng") if k not in state]
-            missing += [f"position.{k}" for k in ("shard", "offset", "index", "visits", "got",
-                                                  "idle") if k not in state["position"]]
-            if missing:
-                raise ValueError(f"WebDataset state is incomplete: missing {missing}")
-        _check_state_values(state, self.shuffle_buffer)
-        self.epoch = int(state["epoch"])
-        self.skipped = int(state.get("skipped", self.skipped))
-        self._resume = state
-
-    def _load_runs_state(self, state: dict) -> None:
-        """A merged state (`wds_elastic.merge_stream_states`) or one taken while reading one."""
-        mine = self._config()
-        keys = ["seed", "shards", "samples_per_epoch", "shuffle_shards"]
-        if state["mode"] == wds_elastic.RUNS:  # this slot's own runs: the same slot only
-            keys += ["rank", "world_size", "worker", "num_workers"]
-        differ = [f"{k}: state {state.get(k)!r}, dataset {mine[k]!r}" for k in keys
-                  if state.get(k) != mine[k]]
-        if differ:
-            raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
-        key = "runs" if state["mode"] == wds_elastic.MERGED else "rest"
-        wds_elastic.check_runs(state.get(key), len(self.urls), key)
-        if state["mode"] == wds_elastic.RUNS:
-            _check_state_values({**state, "position": None}, self.shuffle_buffer)
-        elif isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) \
-                or state["epoch"] < 0:
-            raise ValueError(f"WebDataset state is corrupt: 'epoch' is {state['epoch']!r:.80}")
+            # a merged state (`wds_elastic.merge_stream_states`) or one taken while reading one
+            wds_state.check_runs_state(state, self._config(), len(self.urls),
+                                       self.shuffle_buffer)
+        else:
+            self.skipped = int(state.get("skipped", self.skipped))
         self.epoch = int(state["epoch"])
         self._resume = state
-
-    def _check_fits(self, state: dict, quota: int, nshards: int) -> None:
-        mine = self._config()
-        differ = [f"{k}: state {state[k]!r}, dataset {v!r}" for k, v in mine.items()
-                  if k in state and state[k] != v]
-        if state["quota"] != quota:
-            differ.append(f"samples for this worker: state {state['quota']}, dataset {quota}")
-        pos = state["position"]
-        if not 0 <= pos["shard"] < max(nshards, 1):
-            differ.append(f"shard index {pos['shard']} out of range (worker reads {nshards})")
-        if differ:
-            raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
 
     def _restore(self, state: dict, quota: int, shards: list[str], rng: random.Random
-                 ) -> _Progress:
-        p, r = state["position"], state["round"]
-        if state["rng"] is not None:
-            version, internal, gauss = state["rng"]
-            rng.setstate((version, tuple(internal), gauss))
-        prog = _Progress(quota, _Position(p["shard"], p["offset"], p["index"], p["visits"],
-                                          bool(p["got"]), p["idle"]), rng,
-                         done=state["done"], round_left=r["left"], rounds=r["count"],
-                         before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
+                 ) -> Progress:
+        prog = wds_state.progress_from_state(state, quota, rng)
         # The shuffle buffer is stored as positions: read those samples again (one seek each).
         for shard, offset, index in state["buffer"]:
             url = shards[shard]
@@ -891,7 +562,7 @@ class WebDataset(IterableDataset):
                 sample = next(iter(self._read_shard(url, offset, index)))[0]
             except Exception as exc:  # noqa: BLE001 - reported with the shard
                 raise SampleError(f"shard {url}: cannot re-read the shuffle buffer's sample at "
-                                  f"byte {offset} on resume: {_reason(exc)}") from exc
+                                  f"byte {offset} on resume: {error_reason(exc)}") from exc
             prog.buffer.append(sample)
             prog.held.append([shard, offset, index])
         return prog

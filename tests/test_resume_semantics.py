@@ -12,7 +12,7 @@ from torch.utils.data import RandomSampler
 
 from pooled_loader import PooledLoader
 from pooled_loader.resume import StateMismatch
-from pooled_loader.webdataset import _check_state_values
+from pooled_loader.wds_state import check_state_values
 from resume_datasets import (CountingMap, CursorStream, EpochStream, Noisy, SelfIterator,
                              StatefulStream)
 from test_resume import plain
@@ -278,11 +278,11 @@ def test_webdataset_state_with_a_negative_or_oversized_count_is_refused():
                          "idle": 0},
             "round": {"left": 6, "count": 1, "before": 0, "mark": 0, "draining": False},
             "buffer": [], "rng": None}
-    _check_state_values(good, 0)
+    check_state_values(good, 0)
     for change, message in [({"done": -1}, "'done' should be a non-negative"),
                             ({"done": 11}, "'done' is 11, more than 10"),
                             ({"quota": 10 ** 12, "done": 10 ** 12 + 1}, "more than"),
                             ({"buffer": [[0, 0, 0]]}, "'buffer' should be a list of at most 0"),
                             ({"position": [0]}, "'position' should be a dict")]:
         with pytest.raises(ValueError, match=message):
-            _check_state_values({**good, **change}, 0)
+            check_state_values({**good, **change}, 0)

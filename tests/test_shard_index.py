@@ -19,7 +19,8 @@ from pooled_loader.errors import ShardFormatError
 from pooled_loader.global_shuffle import consumed_positions
 from pooled_loader.shard_index import (INDEX_SUFFIX, MAX_INDEX_BYTES, ShardIndexError,
                                        build_index, load_index, parse_index, write_index)
-from pooled_loader.webdataset import WebDataset, _shard_samples
+from pooled_loader.shard_samples import shard_samples
+from pooled_loader.webdataset import WebDataset
 
 SIZES = [5, 41, 12, 1, 33, 20, 9]  # uneven on purpose; 121 samples
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,12 +45,12 @@ def test_the_index_cli_gives_offsets_that_read_exactly_each_sample(tmp_path, cap
         ix = load_index(path)
         assert len(ix) == n and ix.shard_bytes == os.path.getsize(path)
         for off, size in zip(ix.offsets, ix.sizes):
-            got = [s for s, _, _ in _shard_samples(path, off, end=off + size)]
+            got = [s for s, _, _ in shard_samples(path, off, end=off + size)]
             assert [int(s["txt"]) for s in got] == [gid]
             gid += 1
     off, size = ix.offsets[-1], ix.sizes[-1]  # a slice that ends inside the sample: truncated
     with pytest.raises(ShardFormatError, match="truncated shard"):
-        list(_shard_samples(paths[-1], off, end=off + size - 512))
+        list(shard_samples(paths[-1], off, end=off + size - 512))
     proc = subprocess.run([sys.executable, "-m", "pooled_loader", "shards", "index",
                            "http://127.0.0.1:9/x.tar"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

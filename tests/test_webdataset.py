@@ -23,6 +23,7 @@ import pooled_loader.webdataset as pwds
 from pooled_loader import PooledLoader
 from pooled_loader import shards
 from pooled_loader.errors import SampleError
+from pooled_loader.wds_plan import plan_piece, slot_share
 from pooled_loader.webdataset import WebDataset, count_samples, expand_shards
 
 SIZES = [5, 41, 12, 1, 33, 20, 9]  # uneven on purpose; 121 samples
@@ -142,6 +143,23 @@ def test_equal_counts_and_coverage(tmp_path, monkeypatch, sizes, world, nworkers
         assert len({per_worker[r, wid] for r in range(world)}) == 1
     assert max(seen.values(), default=1) == 1
     assert sum(seen.values()) == world * (n // world)
+
+
+def test_a_piece_starts_at_its_slots_first_sample_and_prefetches_up_to_its_last_shard():
+    sizes = [5, 0, 12, 1, 33, 7]  # an empty shard is left out of the stream
+    urls = [f"s{i}.tar" for i in range(len(sizes))]
+    stream = [(u, j) for u, n in zip(urls, sizes) for j in range(n)]
+    for world, workers in [(1, 1), (2, 3), (3, 2), (4, 4)]:
+        for rank in range(world):
+            for k in range(workers):
+                piece = plan_piece(urls, sizes, len(stream), seed=0, epoch=0,
+                                   shuffle_shards=False, rank=rank, world=world, worker=k,
+                                   workers=workers)
+                start, count = slot_share(len(stream), rank, world, k, workers)
+                assert piece.quota == count and "s1.tar" not in piece.shards
+                mine = stream[start:start + count]
+                assert (piece.shards[piece.first], piece.skip) == mine[0]
+                assert piece.shards[piece.last] == mine[-1][0]
 
 
 def test_explicit_samples_per_epoch_equal_counts(tmp_path, monkeypatch):

@@ -241,7 +241,7 @@ def test_loader_resume_mid_shard_over_http_reads_no_consumed_shard(root, snapsho
     for w in range(2):
         pos = snapshots[f"worker_{w}"]["dataset_state"]["position"]
         fake_worker(monkeypatch, w, 2)
-        _, shards, _, _ = make_plain._plan()
+        shards = make_plain._plan().shards
         names = [u.rsplit("/", 1)[1] for u in shards]
         mine = [(n, start) for n, start in served if n in names]
         assert mine[0] == (names[pos["shard"]], pos["offset"])  # Range at the offset

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..file_index import FileIndex
+from ..seeds import splitmix64
 
 def _stable_repr(obj: Any) -> str:
     """``repr`` without memory addresses, so it is the same in every process and run."""
@@ -90,18 +91,11 @@ def digest(info: dict) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
 def variant_for_epoch(seed: int, epoch: int, index: int, variants: int) -> int:
     """Variant read at ``epoch`` for ``index``: ``(epoch + splitmix64(seed*2**32+index)) % K``."""
     if variants == 1:
         return 0
-    return (epoch + _splitmix64((seed << 32) + index)) % variants
+    return (epoch + splitmix64((seed << 32) + index)) % variants
 
 
 def seed_everything(seed: int, index: int, k: int) -> None:

@@ -6,9 +6,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pooled_loader.class_check import check_classes
 from pooled_loader.errors import SampleError
 from pooled_loader.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
-                                      check_classes, list_image_folder)
+                                      list_image_folder)
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.compose import Compose
 from pooled_loader.vision.ops import Op

@@ -1,0 +1,221 @@
+"""The checkpoint state of a WebDataset worker in counted and explicit mode (``shuffle="shards"``):
+what it records, how it is written, and the checks that a loaded one is whole and fits.
+
+``WebDataset.state_dict()`` gives this process's position after the last sample its iterator
+yielded, and ``load_state_dict(state)`` before ``iter()`` continues from it. A loader calls them
+inside each worker (every (rank, worker) reads its own piece and keeps its own state). The state
+(plain JSON data) records the epoch, the shard in this worker's cycle, the byte offset of its next
+sample (local files seek to it; remote ones ask for it with a Range request), the round and
+counters of pooled_loader.webdataset's epoch policy, and the shuffle RNG. The **shuffle buffer is
+stored**, as the positions ``(shard, byte offset, index)`` of the samples it holds (not their
+bytes): a resume reads those samples again (one seek or Range request each) and continues with
+the same RNG state, so the resumed order is exactly the uninterrupted one. Consumed shards are
+never read again. Compressed shards (``.tar.gz``) have no usable byte offsets: they resume by
+reading the current shard from its start and passing over the samples already read. A state
+taken in another epoch than the dataset's at ``iter()`` (``set_epoch`` after
+``load_state_dict``) is ignored: the epoch starts afresh (with a warning if the state was
+mid-epoch). A state from another rank, worker, worker count, seed or shard list raises
+``ValueError`` saying what differs.
+
+Layout::
+
+    {"version": 1, "epoch": E, "skipped": x, "rank": r, "world_size": W, "worker": k,
+     "num_workers": K, "seed": S, "shards": n, "samples_per_epoch": N or null,
+     "shuffle_shards": bool, "shuffle_buffer": b, "quota": q, "done": d,
+     "position": {"shard", "offset", "index", "visits", "got", "idle"} or null,
+     "round": {"left", "count", "before", "mark", "draining"},
+     "buffer": [[shard, offset, index], ...], "rng": [version, [625 ints], gauss] or null,
+     "rest": runs or null}
+
+``rest`` and the ``"merged"``/``"runs"`` modes are pooled_loader.wds_elastic's (resume on
+another world size); ``shuffle="global"`` has its own state (pooled_loader.global_shuffle).
+A loaded state is untrusted: every count is checked for type and range before it is used.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from . import wds_elastic
+
+__all__ = ["STATE_VERSION", "Position", "Progress", "progress_state", "progress_from_state",
+           "check_state_values", "check_keys", "check_complete", "check_fits", "check_runs_state"]
+
+STATE_VERSION = 1
+_POSITION_KEYS = ("shard", "offset", "index", "visits", "got", "idle")
+_ROUND_KEYS = ("left", "count", "before", "mark", "draining")
+
+
+@dataclass
+class Position:
+    """Where one worker's raw stream stands: the next sample to read is in ``shards[shard]`` at
+    byte ``offset`` (``None``: unknown, compressed shard) after ``index`` samples of it."""
+    shard: int
+    offset: Optional[int] = 0
+    index: int = 0
+    visits: int = 0  # shard visits finished
+    got: bool = False  # this visit yielded a sample
+    idle: int = 0  # consecutive visits that yielded nothing
+
+
+@dataclass
+class Progress:
+    """Everything ``state_dict()`` needs, as it stood at the last sample this worker yielded."""
+    quota: int
+    pos: Position
+    rng: random.Random
+    done: int = 0  # samples yielded this epoch
+    round_left: int = 0  # raw samples still to read in this round (WebDataset._iter_shards)
+    rounds: int = 0
+    before: int = 0  # `done` when the round started
+    mark: int = 0  # `pos.visits` when a round last yielded something
+    draining: bool = False
+    buffer: list = field(default_factory=list)  # samples held by the shuffle buffer
+    held: list = field(default_factory=list)  # their [shard, offset, index], never mutated
+    start: tuple = (0, 0)  # (shard, sample) where this worker's piece begins
+
+
+
+def check_state_values(state: dict, shuffle_buffer: int) -> None:
+    """Types and ranges of a saved state's values (ValueError naming the key): a negative or
+    oversized count would yield more than this worker's quota (breaking the equal counts that
+    keep DDP from hanging) or skip forever."""
+    def count(key: str, value: Any, most: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' should be a non-negative "
+                             f"integer, got {value!r:.80}")
+        if most is not None and value > most:
+            raise ValueError(f"WebDataset state is corrupt: '{key}' is {value}, more than "
+                             f"{most}")
+        return value
+    count("epoch", state["epoch"])
+    count("skipped", state.get("skipped", 0))
+    quota = count("quota", state["quota"])
+    count("done", state["done"], quota)
+    pos = state["position"]
+    if pos is None:
+        return
+    if not isinstance(pos, dict):
+        raise ValueError("WebDataset state is corrupt: 'position' should be a dict or null")
+    for key in ("shard", "index", "visits", "idle"):
+        count(f"position.{key}", pos[key])
+    if pos["offset"] is not None:  # None: a compressed shard, resumed by skipping samples
+        count("position.offset", pos["offset"])
+    rnd = state["round"]
+    if not isinstance(rnd, dict) or any(k not in rnd for k in _ROUND_KEYS):
+        raise ValueError("WebDataset state is corrupt: 'round' should be a dict with left, "
+                         "count, before, mark and draining")
+    count("round.left", rnd["left"], quota)
+    count("round.before", rnd["before"], state["done"])
+    count("round.count", rnd["count"])
+    count("round.mark", rnd["mark"])
+    buffer = state["buffer"]
+    if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
+        raise ValueError(f"WebDataset state is corrupt: 'buffer' should be a list of at most "
+                         f"{shuffle_buffer} (shard, offset, index) entries")
+    for k, entry in enumerate(buffer):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"WebDataset state is corrupt: 'buffer[{k}]' should be "
+                             f"[shard, offset, index]")
+        for name, value in zip(("shard", "offset", "index"), entry):
+            if value is not None or name != "offset":
+                count(f"buffer[{k}].{name}", value)
+    rng = state["rng"]
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 3
+                                and isinstance(rng[1], list) and len(rng[1]) == 625):
+        raise ValueError("WebDataset state is corrupt: 'rng' should be null or "
+                         "[version, 625 integers, gauss]")
+
+
+
+def progress_state(prog: Progress, keep_rng: bool) -> dict:
+    """The part of a state that ``prog`` holds. ``keep_rng``: store the shuffle RNG (625
+    numbers, so only when a shuffle buffer draws from it)."""
+    pos = prog.pos
+    rng = None
+    if keep_rng:
+        version, internal, gauss = prog.rng.getstate()
+        rng = [version, list(internal), gauss]
+    return {"quota": prog.quota, "done": prog.done,
+            "position": {k: getattr(pos, k) for k in _POSITION_KEYS},
+            "round": {"left": prog.round_left, "count": prog.rounds, "before": prog.before,
+                      "mark": prog.mark, "draining": prog.draining},
+            "buffer": prog.held[:], "rng": rng}
+
+
+def progress_from_state(state: dict, quota: int, rng: random.Random) -> Progress:
+    """The ``Progress`` a checked ``state`` describes, with ``rng`` set to its RNG state. Its
+    shuffle buffer is left empty: the caller reads the samples of ``state["buffer"]`` again."""
+    p, r = state["position"], state["round"]
+    if state["rng"] is not None:
+        version, internal, gauss = state["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+    return Progress(quota, Position(p["shard"], p["offset"], p["index"], p["visits"],
+                                    bool(p["got"]), p["idle"]), rng,
+                    done=state["done"], round_left=r["left"], rounds=r["count"],
+                    before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
+
+
+def check_keys(state: dict, keys: Sequence[str], version: int,
+               what: str = "WebDataset state") -> None:
+    """Raise ``ValueError`` naming what is missing unless ``state`` has every one of ``keys``
+    (``"version"`` among them), or naming its version unless that is ``version``."""
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{what} is incomplete: missing {missing}")
+    if state["version"] != version:
+        raise ValueError(f"{what} version {state['version']!r} is not {version}: written by "
+                         "another version of pooled_loader")
+
+
+def check_complete(state: dict, shuffle_buffer: int) -> None:
+    """Raise ``ValueError`` saying what is missing, or which value is corrupt, unless ``state``
+    is a whole state of this version (a merged or runs state: its own keys, checked by
+    ``check_runs_state``)."""
+    runs_mode = state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS)
+    required = ("version", "epoch") + (
+        ("runs",) if state.get("mode") == wds_elastic.MERGED else ("quota", "done", "position"))
+    check_keys(state, required, STATE_VERSION)
+    if runs_mode:
+        return
+    if state["position"] is not None:
+        missing = [k for k in ("round", "buffer", "rng") if k not in state]
+        missing += [f"position.{k}" for k in _POSITION_KEYS if k not in state["position"]]
+        if missing:
+            raise ValueError(f"WebDataset state is incomplete: missing {missing}")
+    check_state_values(state, shuffle_buffer)
+
+
+def check_runs_state(state: dict, mine: dict, nurls: int, shuffle_buffer: int) -> None:
+    """Raise ``ValueError`` unless a merged state (``wds_elastic.merge_stream_states``), or one
+    taken while reading one, fits the dataset whose configuration is ``mine``."""
+    keys = ["seed", "shards", "samples_per_epoch", "shuffle_shards"]
+    if state["mode"] == wds_elastic.RUNS:  # this slot's own runs: the same slot only
+        keys += ["rank", "world_size", "worker", "num_workers"]
+    differ = [f"{k}: state {state.get(k)!r}, dataset {mine[k]!r}" for k in keys
+              if state.get(k) != mine[k]]
+    if differ:
+        raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
+    key = "runs" if state["mode"] == wds_elastic.MERGED else "rest"
+    wds_elastic.check_runs(state.get(key), nurls, key)
+    if state["mode"] == wds_elastic.RUNS:
+        check_state_values({**state, "position": None}, shuffle_buffer)
+    elif isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) \
+            or state["epoch"] < 0:
+        raise ValueError(f"WebDataset state is corrupt: 'epoch' is {state['epoch']!r:.80}")
+
+
+def check_fits(state: dict, mine: dict, quota: int, nshards: int) -> None:
+    """Raise ``ValueError`` saying what differs when ``state`` is not this worker's (``mine``:
+    its configuration, ``quota`` its samples this epoch, ``nshards`` the shards it reads)."""
+    differ = [f"{k}: state {state[k]!r}, dataset {v!r}" for k, v in mine.items()
+              if k in state and state[k] != v]
+    if state["quota"] != quota:
+        differ.append(f"samples for this worker: state {state['quota']}, dataset {quota}")
+    pos = state["position"]
+    if not 0 <= pos["shard"] < max(nshards, 1):
+        differ.append(f"shard index {pos['shard']} out of range (worker reads {nshards})")
+    if differ:
+        raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
