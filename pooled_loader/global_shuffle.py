@@ -2,7 +2,7 @@
 (seed, epoch), read sample by sample through the shard indexes (pooled_loader.shard_index).
 
 Why: shard-order shuffling plus a buffer leaves an epoch's order close to the shards' order (a
-dataset written sorted by class stays clumped; scripts/shuffle_quality.py measures it). Reading
+dataset written sorted by class stays clumped; scripts/checks/shuffle_quality.py measures it). Reading
 by offset makes every order as cheap to produce as any other, at one seek (local or cached
 shard) or one HTTP Range request (remote, uncached) per sample.
 

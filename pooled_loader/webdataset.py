@@ -93,8 +93,8 @@ from .wds_state import Position, Progress
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
-# The names scripts/fuzz.py and scripts/bench_tar.py (which also times older versions of this
-# module) reach in for, from before the shard reading moved to shard_samples.
+# The names scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py (which also times older
+# versions of this module) reach in for, from before the shard reading moved to shard_samples.
 _shard_samples, _COUNT_CACHE = shard_samples, COUNT_CACHE
 
 _SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
