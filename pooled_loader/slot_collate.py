@@ -28,7 +28,7 @@ from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_lik
                      flatten, metas_in_sequences, place, same_structure, unflatten)
 from .messages import BatchLayout
 from .mismatch import mismatch_message
-from .pool import SlotRef
+from .pool import ArenaMap, SlotRef
 from .stages import CLOCK, perf_counter_ns
 
 __all__ = ["Collated", "SlotCollate", "collate_metas", "tensor_dtype"]
@@ -51,12 +51,13 @@ class _Rows(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)  # called per batch and leaf
-def numpy_to_torch_name(dtype: np.dtype) -> str:
+def _numpy_to_torch_name(dtype: np.dtype) -> str:
     return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype).split(".")[1]
 
 
 def tensor_dtype(leaf: Leaf) -> str:
-    return leaf.dtype if leaf.kind == "tensor" else numpy_to_torch_name(np.dtype(leaf.dtype))
+    """The torch dtype name a leaf has once collated (ndarrays become tensors)."""
+    return leaf.dtype if leaf.kind == "tensor" else _numpy_to_torch_name(np.dtype(leaf.dtype))
 
 
 def _collated_leaf(leaf: Leaf, batch: int) -> Leaf:
@@ -68,9 +69,19 @@ def _converted_leaf(leaf: Leaf) -> Leaf:
     """default_convert (batch_size=None) turns ndarrays into tensors, shapes unchanged."""
     return Leaf("tensor", leaf.shape, tensor_dtype(leaf))
 
+
 class SlotCollate:
     """Writing default-collated batches into slots (see the module docstring); a base of
-    `worker.BatchMaker`."""
+    `worker.BatchMaker`, which sets these:"""
+
+    arenas: ArenaMap
+    request_slot: Callable[[int, int, SlotRef], SlotRef]
+    use_into: bool
+    slotless: bool
+    current_index: Any
+    getitem_ns: int
+    _spec: tuple | None
+    _leaves: list[Leaf] | None
 
     def _write_tree(self, task_id: int, tree: Any, ref: SlotRef, convert: bool) -> BatchLayout:
         """Copy every array of an already-built batch into the slot."""
