@@ -11,9 +11,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .layout import Leaf, StructureMismatch
+from .layout import _TORCH_TO_NUMPY, Leaf, StructureMismatch
 
-__all__ = ["flat_columns", "stack", "stacked_tensor", "write_column"]
+__all__ = ["flat_columns", "stack", "stacked_tensor", "tensor_dict_batch", "write_column"]
 
 
 def flat_columns(spec: tuple, samples: list) -> tuple[list, list] | None:
@@ -107,3 +107,26 @@ def stacked_tensor(out_leaf: Leaf, column: list,
     raw = np.empty(out_leaf.shape, out_leaf.storage_dtype)
     bad = write_column(raw, out_leaf, column, check, stacked)
     return bad if bad is not None else torch.from_numpy(raw).view(dtype)
+
+
+def tensor_dict_batch(samples: list) -> dict | None:
+    """default_collate of dicts whose values are all plain CPU tensors (what HF datasets'
+    `__getitems__` gives in the torch format): one `torch.stack` per key of the first sample,
+    nothing else walked. None when a sample is anything else, or a stack fails, promotes or
+    gives a subclass: the general way then checks every value and names what differs."""
+    first = samples[0]
+    if type(first) is not dict:
+        return None
+    batch = {}
+    try:
+        for key, value in first.items():
+            if (type(value) is not torch.Tensor or value.dtype not in _TORCH_TO_NUMPY
+                    or value.device.type != "cpu" or value.is_sparse or value.is_nested):
+                return None
+            stacked = torch.stack([s[key] for s in samples])
+            if type(stacked) is not torch.Tensor or stacked.dtype != value.dtype:
+                return None
+            batch[key] = stacked
+    except (KeyError, TypeError, IndexError, RuntimeError, ValueError):
+        return None
+    return batch

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data._utils.collate import default_collate
 
-from .columns import flat_columns, stack, stacked_tensor, write_column
+from .columns import flat_columns, stack, stacked_tensor, tensor_dict_batch, write_column
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
                      flatten, metas_in_sequences, place, same_structure, unflatten)
 from .messages import BatchLayout
@@ -189,6 +189,10 @@ class SlotCollate:
                          names: Any) -> BatchLayout:
         """default_collate of samples already in memory, one stack per leaf (`columns.py`)."""
         batch = len(samples)
+        if self.slotless:  # the common case first: dicts of tensors, stacked as they are
+            stacked = tensor_dict_batch(samples)
+            if stacked is not None:
+                return Collated(stacked, batch)
         arrays: list = []
         metas: list = []
         leaves: list[Leaf] = []

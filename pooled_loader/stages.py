@@ -15,9 +15,8 @@ stage; ``spans`` only while a trace is recorded, see ``trace.py``): no extra mes
 from __future__ import annotations
 
 import collections
-import contextlib
 from time import perf_counter_ns
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .constants import FIRST_SLOT_BYTES
 
@@ -65,16 +64,10 @@ class StageClock:
             self.spans.append(("getitem", start_ns, end_ns - start_ns, index))
         return end_ns - start_ns
 
-    @contextlib.contextmanager
-    def timing(self, stage: str) -> Iterator[None]:
-        """Book the block's time as ``stage`` (less any slot request inside it)."""
-        slot0 = self.slot_ns
-        start = perf_counter_ns()
-        try:
-            yield
-        finally:
-            end = perf_counter_ns()
-            self.book(stage, start, end - (self.slot_ns - slot0))
+    def timing(self, stage: str) -> "_Timing":
+        """``with CLOCK.timing(stage):`` books the block's time as ``stage`` (less any slot
+        request inside it)."""
+        return _Timing(self, stage)
 
     def slot_requests(self, request_slot: Callable) -> Callable:
         """``request_slot(task_id, nbytes, old)``, each call booked as "slot_wait", or as
@@ -108,6 +101,24 @@ class StageClock:
         if spans is not None:
             spans.append(("batch", start_ns, perf_counter_ns() - start_ns, task_id))
         return stages, spans
+
+
+class _Timing:
+    """`StageClock.timing`'s context manager (a class: a generator-based one costs ~2 us a
+    batch, a tenth of DataLoader's whole in-process overhead)."""
+
+    __slots__ = ("clock", "stage", "slot0", "start")
+
+    def __init__(self, clock: StageClock, stage: str) -> None:
+        self.clock, self.stage = clock, stage
+
+    def __enter__(self) -> None:
+        self.slot0 = self.clock.slot_ns
+        self.start = perf_counter_ns()
+
+    def __exit__(self, *exc: Any) -> None:
+        end = perf_counter_ns()
+        self.clock.book(self.stage, self.start, end - (self.clock.slot_ns - self.slot0))
 
 
 class Collating:

@@ -214,10 +214,18 @@ class OneOff(Dataset):
                 for i in indices]
 
 
-def test_a_getitems_batch_is_checked_the_same_with_and_without_workers():
-    errors = [str(_error(PooledLoader, OneOff(), num_workers=w)) for w in (0, 1)]
+class MissingKey(OneOff):
+    def __getitems__(self, indices):
+        return [{"x": torch.ones(3)} if i != 3 else {"y": torch.ones(3)} for i in indices]
+
+
+@pytest.mark.parametrize("dataset,words", [
+    (OneOff(), "sample 2 has tensor of shape (3,), torch.float64"),
+    (MissingKey(), "sample 3 has dict with keys ['y']")])
+def test_a_getitems_batch_is_checked_the_same_with_and_without_workers(dataset, words):
+    errors = [str(_error(PooledLoader, dataset, num_workers=w)) for w in (0, 1)]
     assert errors[1].strip().endswith(errors[0])  # a worker's adds its traceback
-    assert "sample 2 has tensor of shape (3,), torch.float64" in errors[0]
+    assert words in errors[0]
 
 
 # -- error messages -----------------------------------------------------------------------------
