@@ -13,7 +13,9 @@ import errno
 import gc
 import os
 import signal
+import threading
 import time
+from multiprocessing.connection import wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -114,10 +116,56 @@ def _check_fd_headroom(num_workers: int) -> None:
         raise OSError(errno.EMFILE, _out_of_fds(num_workers))
 
 
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C during the block takes effect at its end. Reaping a process is not atomic for
+    Python: `os.waitpid` reaps it, then multiprocessing records the exit code, and a
+    KeyboardInterrupt raised between the two leaves a process object that looks alive forever
+    (`multiprocessing.active_children()` lists it, `terminate()` would signal its pid, which
+    another process may reuse). Only the main thread can set a handler; elsewhere no Ctrl-C
+    arrives anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)  # delivered now, to whatever handled it before
+
+
+def is_alive(process: Any) -> bool:
+    """`process.is_alive()` (which reaps a dead process), safe from a Ctrl-C meanwhile."""
+    with _sigint_deferred():
+        return process.is_alive()
+
+
+def join(process: Any, timeout: float) -> None:
+    """`process.join(timeout)`: the wait can be cut short by Ctrl-C, the reaping cannot."""
+    if process.pid is not None:
+        wait([process.sentinel], timeout)
+        with _sigint_deferred():
+            process.join(0)
+
+
 def _join_all(workers: list[_Worker], timeout: float) -> None:
+    """Wait up to `timeout` for all of `workers` to exit at once (Ctrl-C cuts the wait short),
+    then reap the ones that did."""
+    started = [w.process for w in workers if w.process.pid is not None]
     deadline = time.monotonic() + timeout
-    for w in workers:
-        w.process.join(max(0.0, deadline - time.monotonic()))
+    pending = {p.sentinel: p for p in started}
+    while pending:
+        done = wait(list(pending), max(0.0, deadline - time.monotonic()))
+        if not done:
+            break
+        for sentinel in done:
+            pending.pop(sentinel)
+    with _sigint_deferred():
+        for p in started:
+            p.join(0)
 
 
 def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = None) -> None:
@@ -140,7 +188,7 @@ def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = Non
     except KeyboardInterrupt as exc:
         interrupted = exc
     for stop in ("terminate", "kill"):
-        alive = [w for w in started if w.process.is_alive()]
+        alive = [w for w in started if is_alive(w.process)]
         for w in alive:
             getattr(w.process, stop)()
         _join_all(alive, 1.0)
@@ -154,7 +202,7 @@ def _forget_arena_hook(workers: list[_Worker]) -> Callable:
     """Tell workers to unmap a retired arena (holds the workers, never the iterator)."""
     def hook(arena: Any) -> None:
         for w in workers:
-            if w.process.is_alive():
+            if is_alive(w.process):
                 try:
                     w.conn.send(Forget(owner_pid=os.getpid(), arena_id=arena.id))
                 except (OSError, ValueError):

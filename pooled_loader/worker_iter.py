@@ -30,8 +30,8 @@ from .interrupts import signals_held_for_start
 from .iterators import _IterBase, _worker_config
 from .messages import Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Started, Task
 from .pool import SlotRef
-from .processes import (describe_exit, timeout_message, _check_fd_headroom, _forget_arena_hook,
-                        _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
+from .processes import (describe_exit, is_alive, join, timeout_message, _check_fd_headroom,
+                        _forget_arena_hook, _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
 from .worker import worker_loop
 
 __all__ = ["WorkerIter"]
@@ -173,7 +173,7 @@ class WorkerIter(_IterBase):
         # a loaded state, as in StatefulDataLoader, starts fresh workers (fresh copies of the
         # dataset, RNGs seeded anew) that restore it.
         self._cfg.base_seed = self._seed
-        if (self._broken or any(not p.is_alive() for p in self._workers)
+        if (self._broken or any(not is_alive(p) for p in self._workers)
                 or self._seed != seed_before or resume is not None):
             self._stop()
             self._start_workers()
@@ -293,7 +293,7 @@ class WorkerIter(_IterBase):
                 self._worker_died(sentinels[obj])
 
     def _worker_died(self, worker: _Worker) -> None:
-        worker.process.join(1.0)
+        join(worker.process, 1.0)
         self._broken = True
         message = describe_exit(worker.id, worker.process.pid, worker.process.exitcode)
         self._stop()

@@ -227,3 +227,26 @@ def test_ctrl_c_while_a_task_send_blocks_on_a_full_pipe_stops_promptly():
     words = res.stdout.split()
     assert words[:2] == ["raised", "0"], res.stdout + res.stderr
     assert int(words[2]) < 10
+
+
+def test_ctrl_c_while_a_dead_worker_is_reaped_waits_until_its_exit_code_is_recorded():
+    """Found by the stress test under load: a KeyboardInterrupt between os.waitpid (which reaps
+    the worker) and multiprocessing recording its exit code left a process object that looked
+    alive forever (multiprocessing.active_children() listed it)."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    from pooled_loader.processes import _sigint_deferred, join
+    process = mp.get_context("fork").Process(target=os._exit, args=(3,))
+    process.start()
+    wait([process.sentinel])  # it has exited; nothing has reaped it yet
+    recorded = None
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # where the interrupt used to strike
+            join(process, 1.0)
+            recorded = process.exitcode
+    assert recorded == 3  # the block ran to its end; the interrupt came after
+    assert process not in mp.active_children()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
