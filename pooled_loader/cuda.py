@@ -440,9 +440,10 @@ class DeviceIter:
         self.backend.hand_over(event, tensors)
         return batch
 
-    def _reset(self, loader: Any) -> None:
+    def _reset(self, spec: Any) -> None:
+        """The next epoch of a persistent iterator (`spec`: its `epoch.EpochSpec`)."""
         self.close()
-        self.base._reset(loader)
+        self.base._reset(spec)
         self._exhausted = False
 
     def close(self) -> None:

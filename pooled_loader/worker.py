@@ -94,8 +94,8 @@ class BatchMaker(SlotCollate):
         # In-process with nothing pinned, batches whose every path ends in `Collated` need no slot:
         # a custom collate's, and default collate's of `__getitems__` samples (already in memory,
         # so a slot would add a copy nothing reads; DataLoader makes one copy, so do we).
-        self.slotless = cfg.pass_collated and (
-            cfg.collate_fn is not None or (self.getitems is not None and not self.use_into))
+        self.slotless = cfg.pass_collated and (cfg.collate_fn is not None
+                                               or self.getitems is not None)
         self._spec: tuple | None = None  # structure and leaves of the last sample seen
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
