@@ -34,9 +34,11 @@ def flat_columns(spec: tuple, samples: list) -> tuple[list, list] | None:
     return leaves, metas
 
 
-def _stacked(column: list, first: Any) -> Any:
-    """All of `column` stacked by one call, or None when its values are not all arrays of the
-    first one's type, shape and dtype (stacking would fail, promote or convert)."""
+def stack(column: list) -> Any:
+    """All of `column` stacked by one call (a tensor, an ndarray, or the numbers as they are),
+    or None when its values are not all arrays of the first one's type, shape and dtype
+    (stacking would fail, promote or convert): `write_column` then takes the checked way."""
+    first = column[0]
     try:
         if type(first) is torch.Tensor:
             result = torch.stack(column)  # not under no_grad: entering it costs ~5 us a column
@@ -57,12 +59,6 @@ def _stacked(column: list, first: Any) -> Any:
     except (RuntimeError, TypeError, ValueError):
         return None
     return result if ok and result.shape[1:] == first.shape else None
-
-
-def stack(column: list) -> Any:
-    """`column` stacked by one call (tensor, ndarray, or the numbers as they are), or None when
-    it takes the checked way of `write_column`."""
-    return _stacked(column, column[0])
 
 
 def write_column(view: np.ndarray, out_leaf: Leaf, column: list,
@@ -118,15 +114,16 @@ def tensor_dict_batch(samples: list) -> dict | None:
     if type(first) is not dict:
         return None
     batch = {}
-    try:
-        for key, value in first.items():
-            if (type(value) is not torch.Tensor or value.dtype not in _TORCH_TO_NUMPY
-                    or value.device.type != "cpu" or value.is_sparse or value.is_nested):
-                return None
-            stacked = torch.stack([s[key] for s in samples])
-            if type(stacked) is not torch.Tensor or stacked.dtype != value.dtype:
-                return None
-            batch[key] = stacked
-    except (KeyError, TypeError, IndexError, RuntimeError, ValueError):
-        return None
+    for key, value in first.items():
+        if (type(value) is not torch.Tensor or value.dtype not in _TORCH_TO_NUMPY
+                or value.device.type != "cpu" or value.is_sparse or value.is_nested):
+            return None
+        try:
+            column = [s[key] for s in samples]
+        except (KeyError, TypeError, IndexError):
+            return None
+        stacked = stack(column)
+        if stacked is None:
+            return None
+        batch[key] = stacked
     return batch
