@@ -145,16 +145,13 @@ def is_alive(process: Any) -> bool:
 
 def join(process: Any, timeout: float) -> None:
     """`process.join(timeout)`: the wait can be cut short by Ctrl-C, the reaping cannot."""
-    if process.pid is not None:
-        wait([process.sentinel], timeout)
-        with _sigint_deferred():
-            process.join(0)
+    _join_all([process], timeout)
 
 
-def _join_all(workers: list[_Worker], timeout: float) -> None:
-    """Wait up to `timeout` for all of `workers` to exit at once (Ctrl-C cuts the wait short),
+def _join_all(processes: list[Any], timeout: float) -> None:
+    """Wait up to `timeout` for all of `processes` to exit at once (Ctrl-C cuts the wait short),
     then reap the ones that did."""
-    started = [w.process for w in workers if w.process.pid is not None]
+    started = [p for p in processes if p.pid is not None]
     deadline = time.monotonic() + timeout
     pending = {p.sentinel: p for p in started}
     while pending:
@@ -184,14 +181,14 @@ def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = Non
             lifeline.close()
         except OSError:
             pass
-        _join_all(started, SHUTDOWN_TIMEOUT_S)
+        _join_all([w.process for w in started], SHUTDOWN_TIMEOUT_S)
     except KeyboardInterrupt as exc:
         interrupted = exc
     for stop in ("terminate", "kill"):
         alive = [w for w in started if is_alive(w.process)]
         for w in alive:
             getattr(w.process, stop)()
-        _join_all(alive, 1.0)
+        _join_all([w.process for w in alive], 1.0)
     for w in workers:
         w.conn.close()
     if interrupted is not None:
