@@ -24,6 +24,7 @@ from torch._utils import ExceptionWrapper
 from .messages import ErrorInfo, Forget
 
 SHUTDOWN_TIMEOUT_S = 2.0  # workers hold no locks: terminating after this is safe
+REAP_GRACE_S = 1.0  # how long an exited process may take to become reapable
 
 FDS_PER_WORKER = 3  # this process's end of its socket pair, and its process's two pipe ends
 
@@ -154,15 +155,21 @@ def _join_all(processes: list[Any], timeout: float) -> None:
     started = [p for p in processes if p.pid is not None]
     deadline = time.monotonic() + timeout
     pending = {p.sentinel: p for p in started}
+    exited = []
     while pending:
         done = wait(list(pending), max(0.0, deadline - time.monotonic()))
         if not done:
             break
-        for sentinel in done:
-            pending.pop(sentinel)
+        exited += [pending.pop(sentinel) for sentinel in done]
     with _sigint_deferred():
         for p in started:
             p.join(0)
+        # A sentinel is ready once the process has closed its files, a moment before the kernel
+        # lets it be reaped: under load a non-blocking reap right then still finds it running
+        # (and its exit code, which names SIGKILL and the OOM killer, would read None).
+        settle = time.monotonic() + REAP_GRACE_S
+        while any(p.exitcode is None for p in exited) and time.monotonic() < settle:
+            time.sleep(0.001)
 
 
 def _shutdown(workers: list[_Worker], lifeline: Any, owner_pid: int | None = None) -> None:

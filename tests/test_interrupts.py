@@ -250,3 +250,23 @@ def test_ctrl_c_while_a_dead_worker_is_reaped_waits_until_its_exit_code_is_recor
     assert recorded == 3  # the block ran to its end; the interrupt came after
     assert process not in mp.active_children()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_worker_whose_files_close_before_it_exits_is_reaped_with_its_exit_code():
+    """Found by CI under load: a SIGKILLed worker's sentinel was ready (its files closed) a moment
+    before the kernel let it be reaped, so the error read "exit code None" instead of naming
+    SIGKILL and the OOM killer. The child here closes its files, then exits 0.3 s later."""
+    import multiprocessing as mp
+
+    from pooled_loader.processes import describe_exit, join
+
+    def close_files_then_exit() -> None:
+        os.closerange(3, 4096)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    process = mp.get_context("fork").Process(target=close_files_then_exit)
+    process.start()
+    join(process, 5.0)
+    assert process.exitcode == -signal.SIGKILL
+    assert "OOM killer" in describe_exit(0, process.pid, process.exitcode)
