@@ -26,6 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
         name = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
         with srv.lock:
             srv.gets[name] += 1
+            arrival = sum(srv.gets.values())  # responses are logged when done, listed in this order
         path = os.path.join(srv.root, name)
         if not os.path.isfile(path):
             self.send_error(404)
@@ -65,7 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 sent += len(chunk)
         with srv.lock:
-            srv.log.append((name, asked, start, sent))
+            srv.responses.append((arrival, (name, asked, start, sent)))
         if sent < stop - start:
             self.wfile.flush()
             if srv.reset:  # RST instead of FIN: the client sees ECONNRESET
@@ -87,7 +88,9 @@ class ShardServer:
     stop after ``cut_after`` bytes (``reset``: with a connection reset). ``ranges=False``
     ignores Range headers (answers 200 with the whole file). ``rate``: all responses together
     send about that many bytes per second (one slow link shared by every connection).
-    ``log``: (file, Range header, start, bytes sent) per response."""
+    ``log``: (file, Range header, start, bytes sent) per response, in the order the requests
+    arrived (a response is complete only later: a worker that read one shard to its end and asked
+    for the next may see the second logged first, as its server thread ran first)."""
 
     def __init__(self, root: str, *, ranges: bool = True, cut_after: Optional[int] = None,
                  cuts: Optional[int] = None, reset: bool = False,
@@ -99,7 +102,7 @@ class ShardServer:
         self.lock = threading.Lock()
         self.requests: collections.Counter = collections.Counter()  # responses with a body
         self.gets: collections.Counter = collections.Counter()  # every GET, 404s included
-        self.log: list[tuple] = []
+        self.responses: list[tuple[int, tuple]] = []  # (arrival number, log entry)
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.shards = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -126,15 +129,20 @@ class ShardServer:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             with self.lock:
-                if len(self.log) == sum(self.requests.values()):
+                if len(self.responses) == sum(self.requests.values()):
                     return
             time.sleep(0.01)
 
     def clear(self) -> None:
         self.settle()
         with self.lock:
-            self.log.clear()
+            self.responses.clear()
             self.requests.clear()
+
+    @property
+    def log(self) -> list[tuple]:
+        with self.lock:
+            return [entry for _, entry in sorted(self.responses)]
 
     def sent(self, name: str) -> int:
         """Bytes sent of ``name``, once every response is logged."""
