@@ -4,6 +4,7 @@ connections and ignore Range requests, and logs what it sent."""
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import socket
@@ -26,7 +27,7 @@ class _Handler(BaseHTTPRequestHandler):
         name = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.lstrip("/"))
         with srv.lock:
             srv.gets[name] += 1
-            arrival = sum(srv.gets.values())  # responses are logged when done, listed in this order
+            arrival = next(srv.arrivals)  # responses are logged when done, listed in this order
         path = os.path.join(srv.root, name)
         if not os.path.isfile(path):
             self.send_error(404)
@@ -102,6 +103,7 @@ class ShardServer:
         self.lock = threading.Lock()
         self.requests: collections.Counter = collections.Counter()  # responses with a body
         self.gets: collections.Counter = collections.Counter()  # every GET, 404s included
+        self.arrivals = itertools.count()
         self.responses: list[tuple[int, tuple]] = []  # (arrival number, log entry)
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
         self._httpd.shards = self
