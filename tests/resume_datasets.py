@@ -206,3 +206,52 @@ class SelfIterator(IterableDataset):
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))  # AttributeError before iter()
         self.pos = state["pos"]
+
+
+class PassStream(IterableDataset):
+    """A stream that, at the end of each pass, resets its cursor and counts the pass (as many
+    datasets do in `__iter__` after their last item); each item carries the pass, the worker,
+    its place and a draw from the dataset's own RNG, all in its state."""
+
+    def __init__(self, n: int = 6, seed: int = 7):
+        self.n, self.pos, self.passes = n, 0, 0
+        self.rng = random.Random(seed)
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        start, self.pos = self.pos, 0
+        for k in range(start, self.n):
+            self.pos = k + 1
+            yield self.passes * 100 + wid * 1000 + k, self.rng.random()
+        self.passes += 1
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"pos": self.pos, "passes": self.passes, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.pos, self.passes = state["pos"], state["passes"]
+
+
+class TorchRngMap(Dataset):
+    """Index plus a draw from torch's RNG, whose state is the dataset's state (a transform that
+    checkpoints the RNG it draws from): in-process that RNG is the one the shuffle seeds from."""
+
+    def __init__(self, n: int = 10):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return i, torch.rand(()).item()
+
+    def state_dict(self) -> dict:
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
