@@ -208,33 +208,26 @@ class SelfIterator(IterableDataset):
         self.pos = state["pos"]
 
 
-class PassStream(IterableDataset):
-    """A stream that, at the end of each pass, resets its cursor and counts the pass (as many
-    datasets do in `__iter__` after their last item); each item carries the pass, the worker,
-    its place and a draw from the dataset's own RNG, all in its state."""
+class PassStream(EpochStream):
+    """EpochStream (its cursor reset and its pass counted at the end of each pass) whose items
+    also carry a draw from the dataset's own RNG, which is in its state too."""
 
     def __init__(self, n: int = 6, seed: int = 7):
-        self.n, self.pos, self.passes = n, 0, 0
+        super().__init__(n)
         self.rng = random.Random(seed)
 
     def __iter__(self):
-        info = get_worker_info()
-        wid = 0 if info is None else info.id
-        start, self.pos = self.pos, 0
-        for k in range(start, self.n):
-            self.pos = k + 1
-            yield self.passes * 100 + wid * 1000 + k, self.rng.random()
-        self.passes += 1
-        self.pos = 0
+        for item in super().__iter__():
+            yield item, self.rng.random()
 
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
-        return {"pos": self.pos, "passes": self.passes, "rng": [version, list(internal), gauss]}
+        return {**super().state_dict(), "rng": [version, list(internal), gauss]}
 
     def load_state_dict(self, state: dict) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
-        self.pos, self.passes = state["pos"], state["passes"]
+        super().load_state_dict(state)
 
 
 class TorchRngMap(Dataset):
