@@ -76,10 +76,12 @@ def test_end_of_epoch_state_of_a_self_resetting_stream_gives_the_full_next_epoch
         state = roundtrip(loader.state_dict())
         truth = [epoch(loader), epoch(loader)]
         assert len(truth[0]) == 3 * max(workers, 1)
+        truth.append(epoch(loader))
         resumed = fresh(make, state)
         assert epoch(resumed) == truth[0], cls.__name__
-        again = fresh(make, resumed.state_dict())  # a resumed run's end state, resumed
-        assert epoch(again) == truth[1], cls.__name__
+        for k in (1, 2):  # a resumed run's end state, resumed, twice
+            resumed = fresh(make, resumed.state_dict())
+            assert epoch(resumed) == truth[k], (cls.__name__, k)
 
 
 # -- 2. saved inside an epoch's last step, restarted at the next epoch --------------------------
@@ -146,6 +148,18 @@ def test_state_saved_inside_the_last_step_restarts_at_the_epoch_set(kind, worker
             if e < 2 and cls is PooledLoader:  # and on past the epoch set
                 set_epoch(resumed, e + 2)
                 assert order(epoch(resumed)) == truth[e + 2], (kind, e)
+        if cls is PooledLoader:  # a resumed run saved at its last step, resumed: twice
+            state = states[0]
+            for e in (1, 2):
+                resumed = fresh(make, state)
+                set_epoch(resumed, e)
+                it = iter(resumed)
+                got = [order([plain(next(it))])[0] for _ in range(len(truth[e]))]
+                state = roundtrip(resumed.state_dict())
+                assert got == truth[e] and next(it, None) is None, (kind, e)
+            resumed = fresh(make, state)
+            set_epoch(resumed, 3)
+            assert order(epoch(resumed)) == truth[3], kind
         results[cls] = rests
         if cls is PooledLoader:
             assert rests == truth[1:], kind
@@ -239,6 +253,16 @@ def test_a_dataset_whose_state_is_torchs_rng_resumes_exactly(when):
         got = epoch(fresh(make, state))
         if cls is PooledLoader:
             assert got == truth, workers
+            # resumed again from the state of a resumed loader, taken right after its iter()
+            # (the global RNG restored each time, as docs/resume.md advises)
+            torch.set_rng_state(rng)
+            resumed = fresh(make, state)
+            it = iter(resumed)
+            state2, rng2 = roundtrip(resumed.state_dict()), torch.get_rng_state()
+            del it
+            torch.manual_seed(98)
+            torch.set_rng_state(rng2)
+            assert epoch(fresh(make, state2)) == truth, workers
         assert order(got) == order(truth), (cls.__name__, workers)
 
 
