@@ -22,9 +22,9 @@ from .collate import RaggedCollate
 from .epoch import EpochSpec
 from .iterators import HostTransformIter, InProcessIter, _HandedOut
 from .pool import SlotPool
-from .seeds import rng_fingerprint
 from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
                      WorkerStream, parse)
+from .seeds import rng_fingerprint
 from .stats import LoaderStats, report_text
 from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
 from .worker_iter import WorkerIter

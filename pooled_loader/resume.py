@@ -500,7 +500,8 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
         raise _corrupt(f"'{POOLED}.delivered_ahead' lists positions outside "
                        f"{prefix + 1}..{index_len if index_len is not None else 'the epoch'}")
     rng_check = saved.get("rng_check")
-    if rng_check is not None and (not isinstance(rng_check, str) or len(rng_check) != 16):
+    if rng_check is not None and (not isinstance(rng_check, str) or len(rng_check) != 16
+                                  or rng_check.strip("0123456789abcdef")):
         raise _corrupt(f"'{POOLED}.rng_check' should be 16 hex digits, got {rng_check!r:.80}")
     base_seed = _int(state, f"{snap}.{BASE_SEED}")
     if not -(1 << 63) <= base_seed < (1 << 64):

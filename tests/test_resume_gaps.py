@@ -315,3 +315,14 @@ def test_shuffle_on_the_global_rng_resumes_every_later_epoch_when_the_rng_is_res
         if cls is PooledLoader:
             assert got == truth and got2 == [truth[1][1:], truth[2]]
         assert [order(e) for e in got] == [order(e) for e in truth], cls.__name__
+
+
+@pytest.mark.parametrize("value", [5, "xyz", "0123456789abcdeg", True])
+def test_a_malformed_rng_digest_is_refused_at_load_naming_the_key(value):
+    loader = PooledLoader(Noisy(10), batch_size=3, shuffle=True)
+    it = iter(loader)
+    next(it)
+    state = roundtrip(loader.state_dict())
+    state["_pooled"]["rng_check"] = value
+    with pytest.raises(ValueError, match="_pooled.rng_check' should be 16 hex digits"):
+        PooledLoader(Noisy(10), batch_size=3, shuffle=True).load_state_dict(state)
