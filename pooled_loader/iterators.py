@@ -27,7 +27,8 @@ from .interrupts import install_interrupt_guard
 from .layout import unflatten
 from .messages import BatchLayout
 from .pool import ArenaMap, SlotRef
-from .resume import Progress, Resume, SamplerCursor
+from .resume import Progress, Resume, SamplerCursor, has_state
+from .seeds import rng_fingerprint
 from .slot_collate import Collated
 from .worker import BatchMaker, SampleFailure, WorkerConfig, seed_datapipe
 
@@ -86,6 +87,16 @@ class HostTransformIter(torch_dataloader._BaseDataLoaderIter):
         stop = getattr(self.base, "_stop", None)
         if stop is not None:
             stop()
+
+
+def _restore_dataset_first(dataset: Any, restore: dict[int, dict]) -> None:
+    """With 0 workers, load the dataset's end-of-epoch state before the next epoch draws its
+    base seed, as the uninterrupted run kept it: a dataset whose state is torch's RNG then sees
+    the same draws. Its stream then restores nothing more of it."""
+    stream = restore.get(0)
+    if stream is not None and stream["dataset_state"] is not None and has_state(dataset):
+        dataset.load_state_dict(stream["dataset_state"])
+        restore[0] = {**stream, "dataset_state": None}
 
 
 def _base_seed(spec: EpochSpec) -> int:
@@ -176,13 +187,15 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 
         With one, as StatefulDataLoader: a loaded state makes a new iterator, which draws a base
         seed (discarded for the saved one) before the sampler starts, so a sampler drawing from
-        torch's global RNG after `torch.manual_seed` takes the seed it took in the saved run. A
+        torch's global RNG after `torch.manual_seed` takes the seed it took in the saved run;
+        but not when that RNG is as it was when the state was saved (the script restored it,
+        docs/resume.md): the uninterrupted run drew nothing more there, nor does the resume. A
         state saved at an epoch's end replays that epoch's sampler pass to its end (a generator
         moves on as it did), keeps the datasets' end states where DataLoader keeps datasets
         between epochs (in this process with 0 workers; in persistent workers), and starts the
         next epoch."""
         resume = spec.resume
-        if resume is not None:
+        if resume is not None and resume.rng_check != rng_fingerprint(spec.generator):
             _base_seed(spec)
         persistent = self._num_workers > 0 and spec.persistent_workers
         restore = None
@@ -197,7 +210,9 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
                     for _ in self._cursor.restore(resume.sampler_state, resume.sampler_skip):
                         pass
                 if persistent or self._num_workers == 0:
-                    restore = resume.stream_dicts(new_epoch=True)
+                    restore = resume.stream_dicts(new_epoch=True, set_epoch=spec.epoch)
+                if self._num_workers == 0:  # this process's dataset, before the seed is drawn
+                    _restore_dataset_first(spec.dataset, restore)
             self._sampler_iter = None if self._iterable else iter(self._index_sampler)
             if resume is not None and persistent:
                 self._seed, self._seed_epoch = resume.base_seed, resume.epoch + 1
@@ -337,6 +352,14 @@ class InProcessIter(_IterBase):
         self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
         self._task = 0
 
+    def _prepare_state(self) -> None:
+        """Before a state is taken: as the base class, then, before the first batch, the
+        dataset's state again: priming the sampler may have drawn from torch's RNG (a shuffle's
+        seed), which the dataset, in this process, draws from after it."""
+        super()._prepare_state()
+        if self._task == 0 and self._progress.num_yielded == 0:
+            self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
+
     def _release(self, ref: SlotRef | None) -> None:
         if ref is not None:
             self._pool.release(ref)
@@ -373,7 +396,7 @@ class InProcessIter(_IterBase):
         self._task += 1
         if result is None:
             self._release(ref)
-            self._progress.delivered_end(0)
+            self._progress.delivered_end(0, self._maker.end_position())
             self._progress.finish()
             self._epoch_done()
             raise StopIteration

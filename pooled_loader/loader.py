@@ -24,6 +24,7 @@ from .iterators import HostTransformIter, InProcessIter, _HandedOut
 from .pool import SlotPool
 from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
                      WorkerStream, parse)
+from .seeds import rng_fingerprint
 from .stats import LoaderStats, report_text
 from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
 from .worker_iter import WorkerIter
@@ -51,6 +52,35 @@ def _epoch_of(section: dict, key: str, what: str, path: str | None = None) -> in
         raise StateMismatch(f"PooledLoader.load_state_dict: {what} is corrupt: "
                             f"'{path or key}' is {epoch!r:.80}")
     return epoch
+
+
+class _RestOrNext:
+    """The first epoch after `load_state_dict` of a mid-epoch state then `set_epoch` of another
+    epoch: the rest of the saved epoch; if nothing of it was left (saved inside its last step,
+    as verl and many trainers save, then restarted at the next epoch), `start_next()` starts
+    the epoch set, from the saved one's end (its sampler pass and datasets' end states)."""
+
+    def __init__(self, it: Iterator, start_next: Callable[[], Iterator]) -> None:
+        self.it, self.start_next, self.fresh = it, start_next, True
+
+    def __iter__(self) -> "_RestOrNext":
+        return self
+
+    def __next__(self) -> Any:
+        fresh, self.fresh = self.fresh, False
+        try:
+            return next(self.it)
+        except StopIteration:
+            if not fresh:
+                raise
+        self.it = self.start_next()
+        return next(self.it)
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __getattr__(self, name: str) -> Any:  # _workers, _stop, ...
+        return getattr(self.it, name)
 
 
 class PooledLoader(DataLoader[T_co], Generic[T_co]):
@@ -202,6 +232,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if self._progress is not None:
             state = self._progress.state(self._state_check())
             state["_pooled"]["loader_epoch"] = self._epoch
+            state["_pooled"]["rng_check"] = rng_fingerprint(self.generator)
             elastic = self._elastic_sampler()
             if elastic is not None:  # what merge_rank_states needs besides the counts
                 state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
@@ -305,10 +336,25 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._iterator = None
         _stop(it)
 
+    def _start_set_epoch(self) -> Iterator:
+        """The saved epoch had nothing left (`_RestOrNext`): its state now, at its end, is an
+        end-of-epoch state; start the next epoch from it as from a loaded one."""
+        check = self._state_check()
+        state = self._progress.state(check)
+        state["_pooled"]["loader_epoch"] = self._epoch
+        self._resume = parse(state, check, self._state_limits())
+        self._resume.rng_check = rng_fingerprint(self.generator)  # nothing to discard here
+        return self._iter_epoch()
+
     def __iter__(self) -> Iterator:
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it
+        if self._resume is not None and self._resume.advance:
+            return _RestOrNext(self._iter_epoch(), self._start_set_epoch)
+        return self._iter_epoch()
+
+    def _iter_epoch(self) -> Iterator:
         # DataLoader.__iter__, with the next epoch's spec for a persistent iterator
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None:
@@ -320,7 +366,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
 
     # -- public extras --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the sampler and the dataset (and to persistent workers)."""
+        """Forward the epoch to the sampler and the dataset (and to persistent workers).
+
+        After `load_state_dict`, another epoch than the state's (a state saved inside an
+        epoch's last step, restarted at the next epoch): the next `iter()` gives the rest of
+        the saved epoch, or, when nothing of it is left, the epoch set (docs/resume.md)."""
+        resume = self._resume
+        if resume is not None and not resume.finished and epoch != self._epoch:
+            resume.advance = True
         self._epoch = epoch
         for target in (self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler",
                                                                  None), self.dataset):

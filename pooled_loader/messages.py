@@ -13,7 +13,8 @@ Main process -> worker (sent by `worker_iter.WorkerIter`, answered by `worker.wo
 
 Worker -> main process (sent by `worker.worker_loop`, handled by `worker_iter.WorkerIter._handle`):
     Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
-    End           an iterable dataset is exhausted; the task's slot is unused
+    End           an iterable dataset is exhausted; the task's slot is unused; carries the
+                  dataset's state after its end of pass (what an end-of-epoch state restores)
     Failed        building the batch raised (or, as in DataLoader, worker_init_fn or
                   iter(dataset) did: then every task of that worker is answered so)
     NeedSlot      the batch does not fit its slot: asks for a bigger one, answered by Slot
@@ -149,11 +150,14 @@ class Started:
 
 @dataclass(**_MESSAGE)
 class End:
-    """An iterable dataset has no more items for this worker; slot `ref` is unused."""
+    """An iterable dataset has no more items for this worker; slot `ref` is unused. `position`
+    holds the dataset's state after its iterator ended (a dataset may reset its cursor or count
+    its passes there), whatever `snapshot_every_n_steps` is."""
 
     task_id: int
     epoch: int
     ref: SlotRef
+    position: StreamPosition | None = None
 
 
 @dataclass(**_MESSAGE)

@@ -187,9 +187,13 @@ class Progress:
 
     def stream_started(self, worker_id: int, snapshot: tuple[Any, Any] | None,
                        items: int) -> None:
-        """Worker `worker_id` started its epoch with this state (after any restore)."""
+        """Worker `worker_id` started its epoch with this state (after any restore). A worker
+        that restored a mid-epoch stream keeps the position it restored until it delivers: a
+        dataset may apply a loaded state only at its first item (a generator's `__iter__`), so
+        its state now could still be the epoch's start."""
         self.started_workers.add(worker_id)
-        if snapshot is not None:
+        restored = self.resume_stream(worker_id)
+        if snapshot is not None and (restored is None or restored.get("new_epoch")):
             s = self.stream(worker_id)
             s.dataset_state, s.iter_state = snapshot
             s.items = s.items_at_snapshot = items
@@ -238,8 +242,9 @@ class Progress:
         """Worker `worker_id`'s batch (whose Done carried `position`) was handed out."""
         self._record(True, self._delivered_batch, worker_id, position)
 
-    def delivered_end(self, worker_id: int) -> None:
-        self._record(False, self._delivered_end, worker_id)
+    def delivered_end(self, worker_id: int, position: Any = None) -> None:
+        """Worker `worker_id`'s stream ended; `position` holds its state after that end."""
+        self._record(False, self._delivered_end, worker_id, position)
 
     def finish(self) -> None:
         self._record(False, setattr, self, "finished", True)
@@ -282,8 +287,14 @@ class Progress:
             s.dataset_state, s.iter_state = position.snapshot
             s.items_at_snapshot = position.items
 
-    def _delivered_end(self, worker_id: int) -> None:
-        self.stream(worker_id).ended = True
+    def _delivered_end(self, worker_id: int, position: Any) -> None:
+        s = self.stream(worker_id)
+        s.ended = True
+        if position is not None and position.snapshot is not None:
+            # the state after the dataset's end of pass; the items count stays that of the
+            # delivered batches (drop_last may have dropped the last items read)
+            s.dataset_state, s.iter_state = position.snapshot
+            s.items_at_snapshot = s.items
 
     # -- the state ---------------------------------------------------------------------------
     def state(self, check: dict) -> dict:
@@ -322,11 +333,19 @@ class Resume:
     streams: dict[int, WorkerStream]
     sampler_snapshot_step: int
     started: bool
+    # `seeds.rng_fingerprint` of the base seeds' RNG when the state was saved (None: unknown)
+    rng_check: str | None = None
+    # set_epoch() of another epoch followed the load: if the saved epoch has nothing left,
+    # the next iter() starts the epoch set instead (loader._RestOrNext)
+    advance: bool = False
 
-    def stream_dicts(self, new_epoch: bool = False) -> dict[int, dict]:
+    def stream_dicts(self, new_epoch: bool = False,
+                     set_epoch: int | None = None) -> dict[int, dict]:
         """What each worker restores: its stream (or its dataset's state) as saved; with
-        `new_epoch`, the states of a finished epoch, after which the next epoch starts."""
-        return {w: {**s.to_dict(), "new_epoch": new_epoch} for w, s in self.streams.items()}
+        `new_epoch`, the states of a finished epoch, after which the next epoch starts (its
+        dataset told `set_epoch` again, as a persistent worker is, when the loader has one)."""
+        return {w: {**s.to_dict(), "new_epoch": new_epoch, "set_epoch": set_epoch}
+                for w, s in self.streams.items()}
 
 
 @dataclass(frozen=True)
@@ -480,6 +499,10 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
             or len(set(ahead)) != len(ahead):
         raise _corrupt(f"'{POOLED}.delivered_ahead' lists positions outside "
                        f"{prefix + 1}..{index_len if index_len is not None else 'the epoch'}")
+    rng_check = saved.get("rng_check")
+    if rng_check is not None and (not isinstance(rng_check, str) or len(rng_check) != 16
+                                  or rng_check.strip("0123456789abcdef")):
+        raise _corrupt(f"'{POOLED}.rng_check' should be 16 hex digits, got {rng_check!r:.80}")
     base_seed = _int(state, f"{snap}.{BASE_SEED}")
     if not -(1 << 63) <= base_seed < (1 << 64):
         raise _corrupt(f"'{snap}.{BASE_SEED}' is {base_seed}: not a 64-bit seed")
@@ -492,4 +515,4 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
                   last_worker=_count(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}",
                                      max(saved_workers, 1) - 1, " (no such worker)"),
                   streams=streams, sampler_snapshot_step=step,
-                  started=bool(saved.get("started", True)))
+                  started=bool(saved.get("started", True)), rng_check=rng_check)

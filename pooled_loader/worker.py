@@ -123,6 +123,11 @@ class BatchMaker(SlotCollate):
         dataset = self.cfg.dataset
         if stream is not None and stream["dataset_state"] is not None and self.stateful:
             dataset.load_state_dict(stream["dataset_state"])
+        setter = getattr(dataset, "set_epoch", None)
+        if stream is not None and stream.get("set_epoch") is not None and callable(setter):
+            # the next epoch: the loader's set_epoch reached this dataset before it started in
+            # the run that saved the state, and its state (a WebDataset's) may set another epoch
+            setter(stream["set_epoch"])
         if not self.cfg.iterable:
             self.iterator = None
             return
@@ -166,6 +171,15 @@ class BatchMaker(SlotCollate):
         if ds_state is None and it_state is None:
             return None
         return ds_state, it_state
+
+    def end_position(self) -> StreamPosition:
+        """After the iterator ended: the state a finished epoch leaves (no state when it cannot
+        be read; that error, if it matters, is raised at the next batch)."""
+        try:
+            snapshot = self.snapshot()
+        except Exception:  # noqa: BLE001 - see above
+            snapshot = None
+        return StreamPosition(items=self.items, snapshot=snapshot)
 
     def _load(self, index: Any, out: Any) -> Any:
         self.current_index = index
@@ -395,7 +409,8 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
                       error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
                       skipped=maker.skipped)
     if batch is None:
-        return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref)
+        return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref,
+                   position=maker.end_position())
     return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
                 busy_s=(perf_counter_ns() - start) * 1e-9, position=maker.position,
                 stages=maker.stages, spans=maker.spans)

@@ -318,7 +318,7 @@ class WorkerIter(_IterBase):
             if answer is not None:
                 position, worker_id = self._task_info.pop(answer.task_id)
                 if type(answer) is End:
-                    self._progress.delivered_end(worker_id)
+                    self._progress.delivered_end(worker_id, answer.position)
                     continue
                 if type(answer) is Failed:
                     _reraise(answer.error)

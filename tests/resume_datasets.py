@@ -206,3 +206,45 @@ class SelfIterator(IterableDataset):
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))  # AttributeError before iter()
         self.pos = state["pos"]
+
+
+class PassStream(EpochStream):
+    """EpochStream (its cursor reset and its pass counted at the end of each pass) whose items
+    also carry a draw from the dataset's own RNG, which is in its state too."""
+
+    def __init__(self, n: int = 6, seed: int = 7):
+        super().__init__(n)
+        self.rng = random.Random(seed)
+
+    def __iter__(self):
+        for item in super().__iter__():
+            yield item, self.rng.random()
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {**super().state_dict(), "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        super().load_state_dict(state)
+
+
+class TorchRngMap(Dataset):
+    """Index plus a draw from torch's RNG, whose state is the dataset's state (a transform that
+    checkpoints the RNG it draws from): in-process that RNG is the one the shuffle seeds from."""
+
+    def __init__(self, n: int = 10):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return i, torch.rand(()).item()
+
+    def state_dict(self) -> dict:
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))

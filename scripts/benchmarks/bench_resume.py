@@ -5,7 +5,7 @@ DataLoader (the peer figure), and the time of one state_dict() call with 8 worke
 
     python scripts/benchmarks/bench_resume.py transport [--rounds 5] [--before TREE]
     python scripts/benchmarks/bench_resume.py images --data DIR [--rounds 5]
-    python scripts/benchmarks/bench_resume.py state-time [--workers 8]
+    python scripts/benchmarks/bench_resume.py state-time [--workers 8] [--rounds 5]
 
 Every loader run is a process of its own (one warm-up epoch, then timed epochs); variants
 alternate within each round (the order rotates) so that all see the same machine load, and the
@@ -147,18 +147,24 @@ def compare(args: argparse.Namespace, variants: tuple[str, ...]) -> None:
 
 
 def state_time(args: argparse.Namespace) -> None:
+    """One state_dict() call, ours and StatefulDataLoader's (the peer, same configurations,
+    `snapshot_every_n_steps=1`), `args.rounds` rounds alternating; medians."""
     from bench import Synthetic
+    from torchdata.stateful_dataloader import StatefulDataLoader
     from pooled_loader import PooledLoader
-    cases = {
-        "map-style, shuffled": PooledLoader(Synthetic(4096, (8, 8, 3)), batch_size=16,
-                                            shuffle=True, num_workers=args.workers,
-                                            generator=torch.Generator().manual_seed(0)),
-        "iterable, 8 worker states": PooledLoader(Stream(100000), batch_size=16,
-                                                  num_workers=args.workers),
-    }
-    print(f"state_dict() with {args.workers} workers, {os.cpu_count()} cores "
-          "(median of 2000 calls, after 64 batches)")
-    for name, loader in cases.items():
+
+    def cases(cls):
+        extra = {"snapshot_every_n_steps": 1} if cls is StatefulDataLoader else {}
+        return {
+            "map-style, shuffled": lambda: cls(
+                Synthetic(4096, (8, 8, 3)), batch_size=16, shuffle=True,
+                num_workers=args.workers, generator=torch.Generator().manual_seed(0), **extra),
+            "iterable, 8 worker states": lambda: cls(Stream(100000), batch_size=16,
+                                                     num_workers=args.workers, **extra),
+        }
+
+    def one(make) -> tuple[float, int]:
+        loader = make()
         it = iter(loader)
         for _ in range(64):
             next(it)
@@ -167,11 +173,27 @@ def state_time(args: argparse.Namespace) -> None:
             t = time.perf_counter()
             state = loader.state_dict()
             times.append(time.perf_counter() - t)
-        size = len(json.dumps(state))
-        print(f"  {name:<28} {statistics.median(times) * 1e6:7.1f} us   "
-              f"(JSON {size} bytes)")
+        size = len(json.dumps(state)) if "_pooled" in state else len(str(state))
         del it
-        loader.close()
+        if hasattr(loader, "close"):
+            loader.close()
+        return statistics.median(times) * 1e6, size
+
+    print(f"state_dict() with {args.workers} workers, {os.cpu_count()} cores "
+          f"(median of 2000 calls after 64 batches; medians of {args.rounds} rounds)")
+    us: dict = {}
+    for r in range(args.rounds):
+        for cls in ((PooledLoader, StatefulDataLoader) if r % 2 == 0
+                    else (StatefulDataLoader, PooledLoader)):
+            for name, make in cases(cls).items():
+                us.setdefault((name, cls.__name__), []).append(one(make))
+    for name in cases(PooledLoader):
+        ours = [t for t, _ in us[name, "PooledLoader"]]
+        theirs = [t for t, _ in us[name, "StatefulDataLoader"]]
+        print(f"  {name:<28} ours {statistics.median(ours):7.1f} us "
+              f"(JSON {us[name, 'PooledLoader'][-1][1]} bytes), StatefulDataLoader "
+              f"{statistics.median(theirs):7.1f} us, ours / theirs "
+              f"{statistics.median(a / b for a, b in zip(ours, theirs)):.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
