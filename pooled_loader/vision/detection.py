@@ -326,35 +326,40 @@ class DetectionCompose:
     # -- the image
 
     def _render(self, img: np.ndarray, g: Geometry, out: np.ndarray | None) -> np.ndarray:
-        """Run the geometry on the image: windows are views, each resize one kernel call."""
+        """Run the geometry on the image: crops, pads and flips only move a window over the
+        current image (``win``: top, left, height, width on ``cur``) and the part of it that
+        shows pixels (``shown``: y0, x0, y1, x1 in the window; padding elsewhere), both in the
+        unmirrored frame; each resize is one kernel call."""
         cur = img
-        win = (0, 0, *img.shape[:2])  # (top, left, height, width) on cur, may reach past it
+        win = (0, 0, *img.shape[:2])
+        shown = (0, 0, *img.shape[:2])
         flip = False
         fill = next((op.fill for op in self.geometric if isinstance(op, Pad)), 0)
         steps = g.steps
-        last_resize = max((i for i, s in enumerate(steps) if s.kind == "resize"), default=-1)
         chw = bool(self.tail) and isinstance(self.tail[0], ToCHW)
         norm = self.tail[1] if chw and len(self.tail) > 1 else None
         for i, (kind, args, _) in enumerate(steps):
-            if kind == "crop" or kind == "pad":
-                if kind == "pad":
-                    left, top, right, bottom = args
-                    args = (-top, -left, win[2] + top + bottom, win[3] + left + right)
+            if kind == "crop":
                 t, l, h, w = args
-                left = win[1] + (win[3] - l - w if flip else l)
-                win = (win[0] + t, left, h, w)
+                l = win[3] - l - w if flip else l  # the window's own (unmirrored) frame
+                win = (win[0] + t, win[1] + l, h, w)
+                shown = (max(shown[0] - t, 0), max(shown[1] - l, 0), min(shown[2] - t, h),
+                         min(shown[3] - l, w))
+            elif kind == "pad":
+                left, top, right, bottom = args
+                if flip:
+                    left, right = right, left
+                win = (win[0] - top, win[1] - left, win[2] + top + bottom, win[3] + left + right)
+                shown = (shown[0] + top, shown[1] + left, shown[2] + top, shown[3] + left)
             elif kind == "flip":
                 flip = not flip
             else:
-                inside = win[0] >= 0 and win[1] >= 0 and win[0] + win[2] <= cur.shape[0] \
-                    and win[1] + win[3] <= cur.shape[1]
-                if not inside:
-                    cur, win = self._window(cur, win, False, fill, ("pad", i)), \
-                        (0, 0, win[2], win[3])
+                if not self._plain(cur, win, shown):
+                    cur = self._window(cur, win, shown, False, fill, ("pad", i))
+                    win = shown = (0, 0, *cur.shape[:2])
                 box = (win[1], win[0], win[3], win[2])
                 oh, ow = args
-                if i == last_resize and i == len(steps) - 1 and chw and cur.shape[2] == 3 \
-                        and len(self.tail) <= 2:
+                if i == len(steps) - 1 and chw and cur.shape[2] == 3:
                     spec = Spec((3, oh, ow), np.dtype(np.float32 if norm else np.uint8), "CHW")
                     dst = out if fits(out, spec) else np.empty(spec.shape, spec.dtype)
                     if cur.strides[1:] != (3, 1):
@@ -366,23 +371,29 @@ class DetectionCompose:
                 resize_hwc(cur, box, dst)
                 if flip:
                     flip_horizontal_(dst)
-                cur, win, flip = dst, (0, 0, oh, ow), False
-        final = self._window(cur, win, flip, fill, "final")
+                cur, win, shown, flip = dst, (0, 0, oh, ow), (0, 0, oh, ow), False
+        final = self._window(cur, win, shown, flip, fill, "final")
         return self._tail(final, out)
 
-    def _window(self, cur: np.ndarray, win: tuple, flip: bool, fill: int,
+    @staticmethod
+    def _plain(cur: np.ndarray, win: tuple, shown: tuple) -> bool:
+        """True when the window lies inside ``cur`` and shows pixels everywhere."""
+        return (win[0] >= 0 and win[1] >= 0 and win[0] + win[2] <= cur.shape[0]
+                and win[1] + win[3] <= cur.shape[1] and shown == (0, 0, win[2], win[3]))
+
+    def _window(self, cur: np.ndarray, win: tuple, shown: tuple, flip: bool, fill: int,
                 key: object) -> np.ndarray:
-        """``cur``'s window (padded with ``fill`` where it reaches past ``cur``), mirrored
-        left-right when ``flip``, as a C-contiguous HWC scratch array."""
+        """The window as a C-contiguous HWC scratch array: ``cur``'s pixels where it shows them
+        and ``cur`` has them, ``fill`` elsewhere, mirrored left-right when ``flip``."""
         t, l, h, w = win
         dst = self.scratch.array(("window", key), (h, w, cur.shape[2]), cur.dtype)
-        y0, y1 = max(t, 0), min(t + h, cur.shape[0])
-        x0, x1 = max(l, 0), min(l + w, cur.shape[1])
+        y0, y1 = max(t + shown[0], 0), min(t + shown[2], cur.shape[0])  # rows of cur
+        x0, x1 = max(l + shown[1], 0), min(l + shown[3], cur.shape[1])
         if y0 > t or x0 > l or y1 < t + h or x1 < l + w:
             dst.fill(fill)
         if y1 > y0 and x1 > x0:
             src = cur[y0:y1, x0:x1]
-            if flip:  # the window mirrored: source column l + j lands at w - 1 - j
+            if flip:  # mirrored: column l + j of the window lands at w - 1 - j
                 np.copyto(dst[y0 - t:y1 - t, w - (x1 - l):w - (x0 - l)], src[:, ::-1])
             else:
                 np.copyto(dst[y0 - t:y1 - t, x0 - l:x1 - l], src)

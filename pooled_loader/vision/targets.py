@@ -11,8 +11,9 @@ lies outside is padding), ``resize(height, width)``, ``flip()`` (left-right) and
 top, right, bottom)``. What torchvision does to a target for each step is what happens here:
 
 - boxes: crop subtracts the window's corner and clamps to the new canvas, pad adds and clamps,
-  resize scales (unclamped, as torchvision), flip mirrors ``x -> W - x``; kept in float64 XYXY
-  between steps and written back in the input's format (XYXY, XYWH or CXCYWH).
+  resize scales (unclamped, as torchvision), flip mirrors ``x -> W - x``; kept in float32 XYXY
+  between steps, with torchvision's float32 operations (XYXY boxes come out bit-equal), and
+  written back in the input's format (XYXY, XYWH or CXCYWH).
 - keypoints: the same, but flip is ``x -> W - 1 - x`` and nothing clamps (torchvision's rules);
   a point that leaves a crop window loses its visibility (set to 0), which torchvision has no
   notion of.
@@ -46,8 +47,8 @@ def box_format(fmt: object) -> str:
 
 
 def to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
-    """[N, 4] boxes of format ``fmt`` as a new float64 XYXY array."""
-    b = np.array(boxes, dtype=np.float64, copy=True).reshape(-1, 4)
+    """[N, 4] boxes of format ``fmt`` as a new float32 XYXY array."""
+    b = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
     if fmt == "XYWH":
         b[:, 2:] += b[:, :2]
     elif fmt == "CXCYWH":
@@ -57,7 +58,7 @@ def to_xyxy(boxes: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def from_xyxy(b: np.ndarray, fmt: str) -> np.ndarray:
-    """float64 XYXY [N, 4] -> a new array in ``fmt`` (float64)."""
+    """float32 XYXY [N, 4] -> a new array in ``fmt``."""
     out = b.copy()
     if fmt == "XYWH":
         out[:, 2:] -= out[:, :2]
@@ -136,14 +137,14 @@ class Geometry:
                     b[~inside] = 0.0
             elif kind == "resize":
                 oh, ow = args
-                b *= (ow / w, oh / h, ow / w, oh / h)
+                b *= np.array((ow / w, oh / h, ow / w, oh / h), np.float32)
             elif kind == "flip":
                 b[:, [0, 2]] = w - b[:, [2, 0]]
             else:
                 left, top, right, bottom = args
                 b += (left, top, left, top)
                 _clamp(b, h + top + bottom, w + left + right)
-        return from_xyxy(b, fmt).astype(np.float32)
+        return from_xyxy(b, fmt)
 
     # -- keypoints
 
@@ -151,7 +152,7 @@ class Geometry:
                   visibility: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """[..., 2] (x, y) points on the source canvas -> (float32 points on the final canvas,
         uint8 visibility [...]: the given one (1 where None), 0 where a crop left them out)."""
-        p = np.array(points, dtype=np.float64, copy=True)
+        p = np.array(points, dtype=np.float32, copy=True)
         if p.shape[-1:] != (2,):
             raise ValueError(f"keypoints must have shape [..., 2], got {p.shape}")
         vis = (np.ones(p.shape[:-1], np.uint8) if visibility is None
@@ -163,12 +164,12 @@ class Geometry:
                 out = ((p[..., 0] < 0) | (p[..., 0] >= cw) | (p[..., 1] < 0) | (p[..., 1] >= ch))
                 vis[out] = 0
             elif kind == "resize":
-                p *= (args[1] / w, args[0] / h)
+                p *= np.array((args[1] / w, args[0] / h), np.float32)
             elif kind == "flip":
-                p[..., 0] = (w - 1) - p[..., 0]
+                p[..., 0] = np.float32(w - 1) - p[..., 0]
             else:
                 p += (args[0], args[1])
-        return p.astype(np.float32), vis
+        return p, vis
 
     # -- masks
 
@@ -277,7 +278,7 @@ def _as_slice(idx: np.ndarray, step: int) -> slice:
 def sanitize(boxes_xyxy: np.ndarray, canvas: tuple[int, int], min_size: float = 1.0,
              min_area: float = 1.0) -> np.ndarray:
     """torchvision's SanitizeBoundingBoxes rule: bool [N], True for boxes to keep."""
-    b = np.asarray(boxes_xyxy, np.float64).reshape(-1, 4)
+    b = np.asarray(boxes_xyxy, np.float32).reshape(-1, 4)  # torchvision's float32 arithmetic
     ws, hs = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
     h, w = canvas
     return ((ws >= min_size) & (hs >= min_size) & (b >= 0).all(axis=1) & (ws * hs >= min_area)
