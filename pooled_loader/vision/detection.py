@@ -65,34 +65,39 @@ class RandomIoUCrop:
         """(top, left, height, width) or None (leave as is). Like torchvision it retries until an
         option succeeds, so an image without boxes draws until the "as is" option comes up."""
         orig_h, orig_w = canvas
-        b = torch.from_numpy(np.asarray(xyxy, np.float32).reshape(-1, 4))
+        b = np.asarray(xyxy, np.float32).reshape(-1, 4)
+        cx, cy = np.float32(0.5) * (b[:, 0] + b[:, 2]), np.float32(0.5) * (b[:, 1] + b[:, 3])
+        area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+        lo, span = np.float32(self.min_scale), np.float32(self.max_scale - self.min_scale)
         while True:
             idx = int(torch.randint(low=0, high=len(self.options), size=(1,)))
             min_iou = self.options[idx]
             if min_iou >= 1.0:
                 return None
             for _ in range(self.trials):
-                r = self.min_scale + (self.max_scale - self.min_scale) * torch.rand(2)
-                new_w, new_h = int(orig_w * r[0]), int(orig_h * r[1])
+                # torch draws the numbers; the float32 arithmetic on them is torchvision's
+                r = lo + span * torch.rand(2).numpy()
+                new_w, new_h = int(np.float32(orig_w) * r[0]), int(np.float32(orig_h) * r[1])
                 if new_h == 0 or not (self.min_aspect_ratio <= new_w / new_h
                                       <= self.max_aspect_ratio):
                     continue
-                r = torch.rand(2)
-                left, top = int((orig_w - new_w) * r[0]), int((orig_h - new_h) * r[1])
+                r = torch.rand(2).numpy()
+                left = int(np.float32(orig_w - new_w) * r[0])
+                top = int(np.float32(orig_h - new_h) * r[1])
                 right, bottom = left + new_w, top + new_h
                 if left == right or top == bottom:
                     continue
-                cx, cy = 0.5 * (b[:, 0] + b[:, 2]), 0.5 * (b[:, 1] + b[:, 3])
                 within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
                 if not within.any():
                     continue
-                inside = b[within]
-                area = (inside[:, 2] - inside[:, 0]) * (inside[:, 3] - inside[:, 1])
-                iw = (inside[:, 2].clamp(max=right) - inside[:, 0].clamp(min=left)).clamp(min=0)
-                ih = (inside[:, 3].clamp(max=bottom) - inside[:, 1].clamp(min=top)).clamp(min=0)
-                inter = iw * ih
-                iou = inter / (area + new_w * new_h - inter)
-                if iou.max() < min_iou:
+                inside = b[within]  # torchvision's box_iou against the window, in float32
+                iw = np.minimum(inside[:, 2], np.float32(right)) - \
+                    np.maximum(inside[:, 0], np.float32(left))
+                ih = np.minimum(inside[:, 3], np.float32(bottom)) - \
+                    np.maximum(inside[:, 1], np.float32(top))
+                inter = np.clip(iw, 0, None) * np.clip(ih, 0, None)
+                union = area[within] + np.float32(new_w * new_h) - inter
+                if (inter / union).max() < min_iou:
                     continue
                 return top, left, new_h, new_w
 
@@ -359,7 +364,8 @@ class DetectionCompose:
                     win = shown = (0, 0, *cur.shape[:2])
                 box = (win[1], win[0], win[3], win[2])
                 oh, ow = args
-                if i == len(steps) - 1 and chw and cur.shape[2] == 3:
+                if all(st.kind == "flip" for st in steps[i + 1:]) and chw and cur.shape[2] == 3:
+                    flip ^= (len(steps) - 1 - i) % 2 == 1  # flips after it fold into it
                     spec = Spec((3, oh, ow), np.dtype(np.float32 if norm else np.uint8), "CHW")
                     dst = out if fits(out, spec) else np.empty(spec.shape, spec.dtype)
                     if cur.strides[1:] != (3, 1):
@@ -386,6 +392,8 @@ class DetectionCompose:
         """The window as a C-contiguous HWC scratch array: ``cur``'s pixels where it shows them
         and ``cur`` has them, ``fill`` elsewhere, mirrored left-right when ``flip``."""
         t, l, h, w = win
+        if not flip and self._plain(cur, win, shown):
+            return cur[t:t + h, l:l + w]  # a view: the tail (or the final copy) reads it
         dst = self.scratch.array(("window", key), (h, w, cur.shape[2]), cur.dtype)
         y0, y1 = max(t + shown[0], 0), min(t + shown[2], cur.shape[0])  # rows of cur
         x0, x1 = max(l + shown[1], 0), min(l + shown[3], cur.shape[1])

@@ -259,8 +259,12 @@ def gather(m: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.ndarray) -
     rstep, cstep = _stride(r), _stride(c)
     if rstep is not None and cstep is not None:  # a plain window, maybe mirrored: a strided copy
         np.copyto(dst, m[..., _as_slice(r, rstep), _as_slice(c, cstep)])
-    else:
-        np.copyto(dst, m[..., r[:, None], c])
+    else:  # rows, then columns: two gathers, the second straight into ``out``
+        rows_taken = np.take(m, r, axis=-2)
+        if dst.flags.c_contiguous:
+            np.take(rows_taken, c, axis=-1, out=dst)
+        else:
+            np.copyto(dst, np.take(rows_taken, c, axis=-1))
 
 
 def _stride(idx: np.ndarray) -> int | None:
