@@ -307,3 +307,47 @@ def test_bad_inputs_are_refused_with_the_reason(tmp_path):
         json.dump(data, f)
     with pytest.raises(ValueError, match="leaves the image folder"):
         CocoDetection(img_dir, ann)
+
+
+# ---------------------------------------------------------------- unchanged torchvision datasets
+
+def wrapped_coco(img_dir, ann, ops, keys=("image_id", "boxes", "labels", "masks")):
+    from torchvision.datasets import CocoDetection as TvCoco, wrap_dataset_for_transforms_v2
+    return wrap_dataset_for_transforms_v2(TvCoco(img_dir, ann, transforms=v2.Compose(ops)),
+                                          target_keys=set(keys))
+
+
+def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path):
+    pytest.importorskip("pycocotools")
+    from pooled_loader.vision.detection_tv import accelerate_detection
+    img_dir, ann = write_coco(tmp_path)
+    theirs = wrapped_coco(img_dir, ann, [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64)),
+                                         v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes()])
+    ours = accelerate_detection(theirs)
+    assert isinstance(ours, CocoDetection) and len(ours) == len(theirs)
+    for i in range(len(ours)):
+        if i == 1:
+            continue  # no annotations: torchvision's RandomIoUCrop refuses a sample without boxes
+        torch.manual_seed(i)
+        ti, tt = theirs[i]
+        torch.manual_seed(i)
+        oi, ot = ours[i]
+        assert oi.shape == tuple(ti.shape) and np.abs(oi.astype(int) - ti.numpy()).mean() < 6
+        assert ot["image_id"] == tt["image_id"]
+        np.testing.assert_array_equal(ot["boxes"], tt["boxes"].numpy())
+        np.testing.assert_array_equal(ot["labels"], tt["labels"].numpy())
+        np.testing.assert_array_equal(ot["masks"], tt["masks"].numpy())
+
+
+@pytest.mark.parametrize("ops", [
+    [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64), antialias=False)],  # an argument
+    [v2.ToImage(), v2.RandomPhotometricDistort()],  # an op we do not fuse
+    [v2.RandomHorizontalFlip(), v2.ToImage()],  # PIL ops before the decode
+    [v2.ToImage(), v2.Resize(32, max_size=40)],
+])
+def test_what_cannot_be_honoured_exactly_stays_torchvision(tmp_path, ops):
+    pytest.importorskip("pycocotools")
+    from pooled_loader.vision.detection_tv import accelerate_detection
+    img_dir, ann = write_coco(tmp_path)
+    theirs = wrapped_coco(img_dir, ann, ops)
+    assert accelerate_detection(theirs) is theirs

@@ -60,11 +60,12 @@ class CocoDetection:
     """``root/<file_name>`` images with COCO ``ann_file`` annotations -> ``(image, target)``.
 
     ``target_keys``: which target entries to make (default: image_id, boxes, labels, as
-    torchvision's wrapper). ``transform(image_bytes, target)`` returns ``(image, target)``;
+    torchvision's wrapper). Images are in the order of their ids, as torchvision's.
+    ``transform(image_bytes, target)`` returns ``(image, target)``;
     without one the sample is ``(encoded bytes as uint8 array, target)``.
     """
 
-    def __init__(self, root: str | os.PathLike, ann_file: str | os.PathLike,
+    def __init__(self, root: str | os.PathLike, ann_file: str | os.PathLike | None,
                  transform: Callable[..., Any] | None = None,
                  target_keys: tuple = ("image_id", "boxes", "labels")) -> None:
         self.root = os.fspath(root)
@@ -73,12 +74,30 @@ class CocoDetection:
         bad = [k for k in self.target_keys if k not in KEYS]
         if bad:
             raise ValueError(f"target_keys {bad} are not supported (choose from {KEYS})")
+        if ann_file is None:  # from_dict fills the index
+            return
         try:
             coco = json.loads(read_regular(os.fspath(ann_file), MAX_ANNOTATION_BYTES))
+        except ValueError as e:
+            raise ValueError(f"{ann_file}: not a COCO annotation file ({e})") from None
+        self._index(coco, os.fspath(ann_file))
+
+    @classmethod
+    def from_dict(cls, root: str | os.PathLike, coco: dict,
+                  transform: Callable[..., Any] | None = None,
+                  target_keys: tuple = ("image_id", "boxes", "labels")) -> "CocoDetection":
+        """The dataset of an annotation dict already loaded (``pycocotools.coco.COCO.dataset``)."""
+        ds = cls(root, None, transform, target_keys)
+        ds._index(coco, "annotations")
+        return ds
+
+    def _index(self, coco: Any, ann_file: str) -> None:
+        """Images sorted by id (torchvision's order) and their annotations, checked."""
+        try:
             images = coco["images"]
             annotations = coco.get("annotations", [])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{ann_file}: not a COCO annotation file ({e})") from None
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{ann_file}: not a COCO annotation file ({e!r})") from None
         self.images: list[tuple[int, str, int, int]] = []
         for im in images:
             where = f"{ann_file}: image {im.get('id')!r}" if isinstance(im, dict) else str(ann_file)
@@ -90,7 +109,10 @@ class CocoDetection:
                 raise ValueError(f"{where}: file_name {name!r} leaves the image folder")
             h, w = int(_number(im, "height", where)), int(_number(im, "width", where))
             self.images.append((im["id"], name, h, w))
+        self.images.sort()
         ids = {i for i, *_ in self.images}
+        if len(ids) != len(self.images):
+            raise ValueError(f"{ann_file}: two images have the same id")
         self.anns: dict[int, list[dict]] = {i: [] for i in ids}
         for ann in annotations:
             if not isinstance(ann, dict) or ann.get("image_id") not in ids:

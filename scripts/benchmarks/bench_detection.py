@@ -16,7 +16,8 @@ each with polygon masks. Pipeline: RandomIoUCrop -> Resize((640, 640)) -> Random
 Two settings: images + boxes, and images + boxes + instance masks (target_keys with "masks").
 Both loaders use `--workers` persistent workers; per round and loader, one warm-up epoch then one
 timed epoch; the order alternates between rounds; printed: images/s and the median of the
-per-round ratios pooled / dataloader. The machine is shared: compare ratios, not absolutes.
+per-round ratios pooled / dataloader; then the CPU time of one sample (dataset + transform) in
+this process for each. The machine is shared: compare ratios, not absolutes.
 """
 from __future__ import annotations
 
@@ -97,6 +98,17 @@ def pooled(img_dir: str, ann: str, keys: set, workers: int):
                         collate_fn=detection_collate())
 
 
+def cpu_ms_per_sample(loader) -> float:
+    """CPU milliseconds per sample of the loader's dataset (transform included), in this
+    process: steadier than images/s when other jobs share the CPU."""
+    ds = loader.dataset
+    ds[0]
+    t0 = time.process_time()
+    for i in range(len(ds)):
+        ds[i]
+    return (time.process_time() - t0) * 1000 / len(ds)
+
+
 def epoch(loader) -> int:
     n = 0
     for images, _ in loader:
@@ -131,6 +143,10 @@ def main() -> None:
                   f"pooled {statistics.median(rates['pooled']):.0f} img/s, "
                   f"ratio median {statistics.median(ratios):.2f}x "
                   f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})", flush=True)
+            cpu = {k: cpu_ms_per_sample(v) for k, v in loaders.items()}
+            print(f"  one sample in-process: dataloader {cpu['dataloader']:.1f} CPU-ms, pooled "
+                  f"{cpu['pooled']:.1f} CPU-ms ({cpu['dataloader'] / cpu['pooled']:.2f}x)",
+                  flush=True)
             del loaders  # both shut their persistent workers down when collected
 
 
