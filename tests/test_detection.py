@@ -317,12 +317,17 @@ def wrapped_coco(img_dir, ann, ops, keys=("image_id", "boxes", "labels", "masks"
                                           target_keys=set(keys))
 
 
-def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path):
+@pytest.mark.parametrize("ops", [
+    [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64)), v2.RandomHorizontalFlip(),
+     v2.SanitizeBoundingBoxes()],
+    [v2.ToImage(), v2.RandomResizedCrop((40, 56), scale=(0.2, 1.0)), v2.Pad([1, 2, 3, 4]),
+     v2.RandomHorizontalFlip(0.7), v2.Resize(30), v2.SanitizeBoundingBoxes(min_size=2)],
+])
+def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path, ops):
     pytest.importorskip("pycocotools")
     from pooled_loader.vision.detection_tv import accelerate_detection
     img_dir, ann = write_coco(tmp_path)
-    theirs = wrapped_coco(img_dir, ann, [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64)),
-                                         v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes()])
+    theirs = wrapped_coco(img_dir, ann, ops)
     ours = accelerate_detection(theirs)
     assert isinstance(ours, CocoDetection) and len(ours) == len(theirs)
     for i in range(len(ours)):
@@ -332,7 +337,7 @@ def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path):
         ti, tt = theirs[i]
         torch.manual_seed(i)
         oi, ot = ours[i]
-        assert oi.shape == tuple(ti.shape) and np.abs(oi.astype(int) - ti.numpy()).mean() < 6
+        assert oi.shape == tuple(ti.shape) and np.abs(oi.astype(int) - ti.numpy()).mean() < 8
         assert ot["image_id"] == tt["image_id"]
         np.testing.assert_array_equal(ot["boxes"], tt["boxes"].numpy())
         np.testing.assert_array_equal(ot["labels"], tt["labels"].numpy())
@@ -344,6 +349,7 @@ def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path):
     [v2.ToImage(), v2.RandomPhotometricDistort()],  # an op we do not fuse
     [v2.RandomHorizontalFlip(), v2.ToImage()],  # PIL ops before the decode
     [v2.ToImage(), v2.Resize(32, max_size=40)],
+    [v2.ToImage(), v2.Pad(2, fill=5)],  # a fill we would not give the masks
 ])
 def test_what_cannot_be_honoured_exactly_stays_torchvision(tmp_path, ops):
     pytest.importorskip("pycocotools")

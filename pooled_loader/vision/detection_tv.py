@@ -17,7 +17,9 @@ torchvision v2                  fused
 ``ToImage()`` / ``PILToTensor``  first op: ``DecodeImage()`` (libjpeg-turbo, into a buffer)
 ``RandomIoUCrop(...)``           :class:`~pooled_loader.vision.detection.RandomIoUCrop`
 ``Resize(size)``                 ``Resize(size)`` (an int: shorter side; or (h, w))
+``RandomResizedCrop(size, ...)``  the same box, drawn from ``torch`` as torchvision draws it
 ``RandomHorizontalFlip(p)``      the same, drawn with ``torch.rand(1) < p``
+``Pad(padding)`` (fill 0)        ``Pad(padding)``
 ``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
 ``ToPureTensor()``               nothing to do: the outputs are plain arrays
 ==============================  =========================================================
@@ -28,14 +30,16 @@ Imports: vision.coco, detection, decode, ops; torchvision where it is called.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from pooled_loader.vision.coco import KEYS, CocoDetection
 from pooled_loader.vision.decode import DecodeImage
-from pooled_loader.vision.detection import DetectionCompose, RandomIoUCrop, SanitizeBoundingBoxes
-from pooled_loader.vision.ops import RandomHorizontalFlip, Resize, ToCHW
+from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
+                                            SanitizeBoundingBoxes)
+from pooled_loader.vision.ops import RandomHorizontalFlip, RandomResizedCrop, Resize, ToCHW
 
 
 class TorchFlip(RandomHorizontalFlip):
@@ -45,10 +49,47 @@ class TorchFlip(RandomHorizontalFlip):
         return bool(torch.rand(1) < self.p)
 
 
+class TorchRandomResizedCrop(RandomResizedCrop):
+    """``RandomResizedCrop`` drawing its box as torchvision v2 does (from ``torch``)."""
+
+    def box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        for _ in range(10):
+            target_area = h * w * torch.empty(1).uniform_(*self.scale).item()
+            aspect = torch.exp(torch.empty(1).uniform_(float(log_ratio[0]),
+                                                       float(log_ratio[1]))).item()
+            cw = int(round(math.sqrt(target_area * aspect)))
+            ch = int(round(math.sqrt(target_area / aspect)))
+            if 0 < cw <= w and 0 < ch <= h:
+                top = int(torch.randint(0, h - ch + 1, size=(1,)))
+                left = int(torch.randint(0, w - cw + 1, size=(1,)))
+                return left, top, cw, ch
+        return _centre_fallback(self, h, w)
+
+
+def _centre_fallback(op: RandomResizedCrop, h: int, w: int) -> tuple[int, int, int, int]:
+    """torchvision's fallback: the centre crop with the aspect clamped into ``ratio``."""
+    in_ratio = w / h
+    if in_ratio < min(op.ratio):
+        cw, ch = w, int(round(w / min(op.ratio)))
+    elif in_ratio > max(op.ratio):
+        cw, ch = int(round(h * max(op.ratio))), h
+    else:
+        cw, ch = w, h
+    return (w - cw) // 2, (h - ch) // 2, cw, ch
+
+
+def _bilinear(t: Any) -> bool:
+    from torchvision.transforms.v2 import InterpolationMode
+
+    # torchvision keeps the mode as given: the enum or its string value
+    return t.interpolation in (InterpolationMode.BILINEAR, InterpolationMode.BILINEAR.value) \
+        and t.antialias is True
+
+
 def _op(t: Any) -> Any:
     """Our op for torchvision v2 op ``t`` (exact classes only), or None."""
     from torchvision.transforms import v2
-    from torchvision.transforms.v2 import InterpolationMode
 
     cls = type(t)
     if cls is v2.RandomIoUCrop:
@@ -56,12 +97,19 @@ def _op(t: Any) -> Any:
                              t.options, t.trials)
     if cls is v2.Resize:
         size = list(t.size) if t.size is not None else None
-        # torchvision keeps the mode as given: the enum or its string value
-        if (t.interpolation not in (InterpolationMode.BILINEAR, InterpolationMode.BILINEAR.value)
-                or t.antialias is not True
-                or t.max_size is not None or size is None or len(size) not in (1, 2)):
+        if not _bilinear(t) or t.max_size is not None or size is None \
+                or len(size) not in (1, 2):
             return None
         return Resize(size[0] if len(size) == 1 else tuple(size))
+    if cls is v2.RandomResizedCrop:
+        if not _bilinear(t) or not (0 < t.scale[0] <= t.scale[1]) \
+                or not (0 < t.ratio[0] <= t.ratio[1]):
+            return None
+        return TorchRandomResizedCrop(tuple(t.size), t.scale, t.ratio)
+    if cls is v2.Pad:
+        if t.padding_mode != "constant" or t.fill != 0:  # masks are padded with 0 here
+            return None
+        return Pad(t.padding)
     if cls is v2.RandomHorizontalFlip:
         return TorchFlip(t.p)
     if cls is v2.SanitizeBoundingBoxes:
@@ -121,4 +169,5 @@ def accelerate_detection(dataset: Any) -> Any:
     return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order))
 
 
-__all__ = ["accelerate_detection", "translate_transforms", "TorchFlip"]
+__all__ = ["accelerate_detection", "translate_transforms", "TorchFlip",
+           "TorchRandomResizedCrop"]
