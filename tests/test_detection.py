@@ -357,3 +357,21 @@ def test_what_cannot_be_honoured_exactly_stays_torchvision(tmp_path, ops):
     img_dir, ann = write_coco(tmp_path)
     theirs = wrapped_coco(img_dir, ann, ops)
     assert accelerate_detection(theirs) is theirs
+
+
+def test_normalize_after_the_last_resize_is_the_classification_path_s_result():
+    from pooled_loader.vision import Compose, Normalize
+    img = smooth(70, 90)
+    ops = [Resize((32, 40)), ToCHW(), Normalize((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))]
+    ours, _ = DetectionCompose(ops)(img, {"boxes": np.zeros((0, 4), np.float32)})
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, Compose(ops)(img))
+
+
+def test_sanitize_drops_per_instance_keypoints_with_their_boxes():
+    boxes = np.array([[0, 0, 10, 10], [5, 5, 5, 9], [2, 2, 8, 8]], np.float32)
+    kps = np.arange(3 * 2 * 3, dtype=np.float32).reshape(3, 2, 3) % 7
+    dc = DetectionCompose([SanitizeBoundingBoxes()])
+    _, t = dc(smooth(20, 20), {"boxes": boxes, "labels": np.array([1, 2, 3]), "keypoints": kps})
+    assert t["labels"].tolist() == [1, 3]
+    np.testing.assert_array_equal(t["keypoints"][..., :2], kps[[0, 2], :, :2])
