@@ -42,7 +42,8 @@ from pooled_loader.vision.decode import DecodeImage, decode_into, read_header
 from pooled_loader.vision.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
 from pooled_loader.vision.ops import (Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
                                       ToCHW)
-from pooled_loader.vision.targets import Geometry, box_format, sanitize, to_xyxy
+from pooled_loader.vision.targets import Geometry, sanitize, to_xyxy
+from pooled_loader.vision.targets import box_format as format_name
 
 
 class RandomIoUCrop:
@@ -187,7 +188,7 @@ class DetectionCompose:
 
     def __init__(self, ops: Sequence[Any], box_format: str = "XYXY") -> None:
         self.ops = list(ops)
-        self.box_format = globals()["box_format"](box_format)
+        self.box_format = format_name(box_format)
         self._decode = bool(self.ops) and isinstance(self.ops[0], DecodeImage)
         rest = self.ops[1:] if self._decode else self.ops
         self.geometric: list = []
@@ -278,7 +279,7 @@ class DetectionCompose:
                 continue
             if kind in found:
                 raise ValueError(f"target has two {kind} entries ({found[kind][0]!r}, {key!r})")
-            fmt = box_format(value.format) if kind == "boxes" and hasattr(value, "format") \
+            fmt = format_name(value.format) if kind == "boxes" and hasattr(value, "format") \
                 else self.box_format
             size = getattr(value, "canvas_size", None)
             if size is not None and tuple(size) != tuple(canvas):
