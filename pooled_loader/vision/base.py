@@ -9,6 +9,10 @@ Imports point one way, so that each layer can be read (and tested) without the o
     decode, ops           DecodeImage; geometry, flip, layout, normalize ops
     compose               Compose, the planner: fuses and runs the ops through planned buffers
     folder                ImageFolder, which runs a Compose per sample
+    targets               boxes / masks / keypoints through the same geometry (numpy only)
+    detection, coco,      DetectionCompose (image + targets), COCO folder, detection batches
+      detection_batch
+    detection_tv          an unchanged torchvision CocoDetection + v2 Compose, run fused
 
 An op declares its output (``spec``), draws its random parameters (``draw``) and writes into a
 given buffer (``apply``); calling an op alone runs exactly those three steps, so an op never needs

@@ -1,0 +1,219 @@
+"""CocoDetection: a COCO-format folder read into ``(image, target)`` for the detection path.
+
+The target is what torchvision's ``wrap_dataset_for_transforms_v2(CocoDetection(...))`` gives,
+as numpy arrays: ``image_id``, ``boxes`` (COCO's XYWH converted to XYXY, float32 [N, 4]),
+``labels`` (category ids, int64 [N]) and, when asked for in ``target_keys``, ``masks`` (uint8
+[N, H, W], polygons and RLE decoded with pycocotools, as torchvision does), ``keypoints``
+(float32 [N, K, 3]: x, y, visibility), ``iscrowd`` and ``area``. Crowd annotations are kept, as
+torchvision keeps them. The image is the file's encoded bytes passed through ``transform`` (a
+:class:`~pooled_loader.vision.detection.DetectionCompose` starting with ``DecodeImage``), called as
+``transform(image, target)``.
+
+Files are untrusted: the annotation file must be a regular file under ``MAX_ANNOTATION_BYTES``;
+each image is opened ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file under
+``MAX_IMAGE_BYTES``; every annotation's fields are checked (a bad one raises ValueError naming the
+annotation id). Failures on one image raise :class:`~pooled_loader.errors.SampleError` naming
+the file. Imports: errors; pycocotools only when masks are asked for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any, Callable
+
+import numpy as np
+
+from pooled_loader.errors import SampleError
+
+MAX_ANNOTATION_BYTES = 4 << 30  # COCO's train2017 instances file is 448 MB
+MAX_IMAGE_BYTES = 256 << 20  # larger files are refused before they are read
+KEYS = ("image_id", "boxes", "labels", "masks", "keypoints", "iscrowd", "area")
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of ``path``: a regular file (no symlink, no FIFO) of at most ``limit`` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path}: {st.st_size} bytes, more than the {limit} allowed")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"{path}: grew past {limit} bytes while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _number(ann: dict, key: str, where: str) -> float:
+    v = ann.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+        raise ValueError(f"{where}: {key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
+class CocoDetection:
+    """``root/<file_name>`` images with COCO ``ann_file`` annotations -> ``(image, target)``.
+
+    ``target_keys``: which target entries to make (default: image_id, boxes, labels, as
+    torchvision's wrapper). Images are in the order of their ids, as torchvision's.
+    ``transform(image_bytes, target)`` returns ``(image, target)``;
+    without one the sample is ``(encoded bytes as uint8 array, target)``.
+    """
+
+    def __init__(self, root: str | os.PathLike, ann_file: str | os.PathLike | None,
+                 transform: Callable[..., Any] | None = None,
+                 target_keys: tuple = ("image_id", "boxes", "labels")) -> None:
+        self.root = os.fspath(root)
+        self.transform = transform
+        self.target_keys = tuple(target_keys)
+        bad = [k for k in self.target_keys if k not in KEYS]
+        if bad:
+            raise ValueError(f"target_keys {bad} are not supported (choose from {KEYS})")
+        if ann_file is None:  # from_dict fills the index
+            return
+        try:
+            coco = json.loads(read_regular(os.fspath(ann_file), MAX_ANNOTATION_BYTES))
+        except ValueError as e:
+            raise ValueError(f"{ann_file}: not a COCO annotation file ({e})") from None
+        self._index(coco, os.fspath(ann_file))
+
+    @classmethod
+    def from_dict(cls, root: str | os.PathLike, coco: dict,
+                  transform: Callable[..., Any] | None = None,
+                  target_keys: tuple = ("image_id", "boxes", "labels")) -> "CocoDetection":
+        """The dataset of an annotation dict already loaded (``pycocotools.coco.COCO.dataset``)."""
+        ds = cls(root, None, transform, target_keys)
+        ds._index(coco, "annotations")
+        return ds
+
+    def _index(self, coco: Any, ann_file: str) -> None:
+        """Images sorted by id (torchvision's order) and their annotations, checked."""
+        try:
+            images = coco["images"]
+            annotations = coco.get("annotations", [])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{ann_file}: not a COCO annotation file ({e!r})") from None
+        self.images: list[tuple[int, str, int, int]] = []
+        for im in images:
+            where = f"{ann_file}: image {im.get('id')!r}" if isinstance(im, dict) else str(ann_file)
+            if not isinstance(im, dict) or not isinstance(im.get("file_name"), str) \
+                    or not isinstance(im.get("id"), int):
+                raise ValueError(f"{where}: an image needs an int 'id' and a 'file_name'")
+            name = im["file_name"]
+            if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+                raise ValueError(f"{where}: file_name {name!r} leaves the image folder")
+            h, w = int(_number(im, "height", where)), int(_number(im, "width", where))
+            self.images.append((im["id"], name, h, w))
+        self.images.sort()
+        ids = {i for i, *_ in self.images}
+        if len(ids) != len(self.images):
+            raise ValueError(f"{ann_file}: two images have the same id")
+        self.anns: dict[int, list[dict]] = {i: [] for i in ids}
+        for ann in annotations:
+            if not isinstance(ann, dict) or ann.get("image_id") not in ids:
+                raise ValueError(f"{ann_file}: annotation {ann!r:.80} names no listed image")
+            self.anns[ann["image_id"]].append(ann)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def target(self, index: int) -> dict:
+        """The target dict of image ``index`` (before the transform)."""
+        image_id, _, h, w = self.images[index]
+        anns = self.anns[image_id]
+        boxes = np.zeros((len(anns), 4), np.float32)
+        for n, ann in enumerate(anns):
+            where = f"annotation {ann.get('id')!r}"
+            b = ann.get("bbox")
+            if not isinstance(b, list) or len(b) != 4:
+                raise ValueError(f"{where}: 'bbox' must be [x, y, width, height], got {b!r}")
+            boxes[n] = [_number({"v": v}, "v", where) for v in b]
+        boxes[:, 2:] += boxes[:, :2]
+        out: dict[str, Any] = {}
+        for key in self.target_keys:
+            if key == "image_id":
+                out[key] = image_id
+            elif key == "boxes":
+                out[key] = boxes
+            elif key == "labels":
+                out[key] = np.array([int(_number(a, "category_id", f"annotation {a.get('id')}"))
+                                     for a in anns], np.int64)
+            elif key == "iscrowd":
+                out[key] = np.array([int(a.get("iscrowd", 0)) for a in anns], np.uint8)
+            elif key == "area":
+                out[key] = np.array([_number(a, "area", f"annotation {a.get('id')}")
+                                     for a in anns], np.float32)
+            elif key == "masks":
+                out[key] = self._masks(anns, h, w)
+            else:
+                out[key] = self._keypoints(anns)
+        return out
+
+    @staticmethod
+    def _masks(anns: list[dict], h: int, w: int) -> np.ndarray:
+        masks = np.zeros((len(anns), h, w), np.uint8)
+        if not anns:
+            return masks
+        try:
+            from pycocotools import mask as coco_mask
+        except ImportError as e:
+            raise ImportError("masks from COCO polygons/RLE need pycocotools "
+                              "(pip install pycocotools)") from e
+        for n, ann in enumerate(anns):
+            seg = ann.get("segmentation")
+            if isinstance(seg, dict):
+                if not isinstance(seg.get("counts"), (str, bytes)):
+                    seg = coco_mask.frPyObjects(seg, h, w)  # uncompressed RLE
+            elif isinstance(seg, list):
+                seg = coco_mask.merge(coco_mask.frPyObjects(seg, h, w)) if seg else None
+            else:
+                raise ValueError(f"annotation {ann.get('id')!r}: 'segmentation' must be polygons "
+                                 f"or RLE, got {type(seg).__name__}")
+            if seg is not None:
+                decoded = coco_mask.decode(seg)
+                if decoded.shape != (h, w):
+                    raise ValueError(f"annotation {ann.get('id')!r}: mask {decoded.shape} for a "
+                                     f"{h}x{w} image")
+                masks[n] = decoded
+        return masks
+
+    @staticmethod
+    def _keypoints(anns: list[dict]) -> np.ndarray:
+        rows = []
+        for ann in anns:
+            kp = ann.get("keypoints", [])
+            if not isinstance(kp, list) or len(kp) % 3:
+                raise ValueError(f"annotation {ann.get('id')!r}: 'keypoints' must be x, y, v "
+                                 "triples")
+            rows.append(np.asarray(kp, np.float32).reshape(-1, 3))
+        k = max((len(r) for r in rows), default=0)
+        out = np.zeros((len(rows), k, 3), np.float32)
+        for n, r in enumerate(rows):
+            out[n, :len(r)] = r
+        return out
+
+    def __getitem__(self, index: int) -> tuple[Any, dict]:
+        _, name, _, _ = self.images[index]
+        path = os.path.join(self.root, name)
+        try:
+            data = np.frombuffer(read_regular(path, MAX_IMAGE_BYTES), np.uint8)
+            target = self.target(index)
+            if self.transform is None:
+                return data, target
+            return self.transform(data, target)
+        except SampleError as e:
+            raise SampleError(f"{path}: {e}") from e
+        except Exception as e:  # name the file and the reason
+            raise SampleError(f"{path}: {type(e).__name__}: {e}") from e
+
+    def __repr__(self) -> str:
+        return (f"CocoDetection(root={self.root!r}, {len(self)} images, "
+                f"target_keys={self.target_keys}, transform={self.transform!r})")
+
+
+__all__ = ["CocoDetection", "read_regular", "MAX_ANNOTATION_BYTES", "MAX_IMAGE_BYTES"]

@@ -1,0 +1,173 @@
+"""Recognise an unchanged torchvision detection dataset and run it on the fused detection path.
+
+``accelerate_detection(ds)`` takes ``wrap_dataset_for_transforms_v2(CocoDetection(root,
+annFile, transforms=v2.Compose([...])))`` and returns a
+:class:`~pooled_loader.vision.coco.CocoDetection` over the same images, in the same order, with
+the same target keys, running a :class:`~pooled_loader.vision.detection.DetectionCompose` of the
+same ops whose random parameters are drawn from ``torch`` exactly as torchvision draws them (the
+same seed gives the same crops and flips). Anything it cannot honour exactly leaves the dataset
+as it is (it is returned unchanged, and runs as torchvision's own code): a subclass of the
+dataset or of an op, ``transform``/``target_transform`` instead of ``transforms``, an op not in
+the table below, an argument we do not honour (interpolation other than bilinear, antialias off,
+``max_size``, a ``labels_getter`` other than the default), target keys we do not make.
+
+==============================  =========================================================
+torchvision v2                  fused
+==============================  =========================================================
+``ToImage()`` / ``PILToTensor``  first op: ``DecodeImage()`` (libjpeg-turbo, into a buffer)
+``RandomIoUCrop(...)``           :class:`~pooled_loader.vision.detection.RandomIoUCrop`
+``Resize(size)``                 ``Resize(size)`` (an int: shorter side; or (h, w))
+``RandomResizedCrop(size, ...)``  the same box, drawn from ``torch`` as torchvision draws it
+``RandomHorizontalFlip(p)``      the same, drawn with ``torch.rand(1) < p``
+``Pad(padding)`` (fill 0)        ``Pad(padding)``
+``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
+``ToPureTensor()``               nothing to do: the outputs are plain arrays
+==============================  =========================================================
+
+The outputs differ in type only: the image is a uint8 CHW numpy array (a ``tv_tensors.Image``
+in torchvision) and the target's entries numpy arrays; batched by PooledLoader they are tensors.
+Imports: vision.coco, detection, decode, ops; torchvision where it is called.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from pooled_loader.vision.coco import KEYS, CocoDetection
+from pooled_loader.vision.decode import DecodeImage
+from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
+                                            SanitizeBoundingBoxes)
+from pooled_loader.vision.ops import RandomHorizontalFlip, RandomResizedCrop, Resize, ToCHW
+
+
+class TorchFlip(RandomHorizontalFlip):
+    """``RandomHorizontalFlip`` drawing as torchvision v2 does (``torch.rand(1) < p``)."""
+
+    def draw(self, spec: Any = None) -> bool:
+        return bool(torch.rand(1) < self.p)
+
+
+class TorchRandomResizedCrop(RandomResizedCrop):
+    """``RandomResizedCrop`` drawing its box as torchvision v2 does (from ``torch``)."""
+
+    def box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        for _ in range(10):
+            target_area = h * w * torch.empty(1).uniform_(*self.scale).item()
+            aspect = torch.exp(torch.empty(1).uniform_(float(log_ratio[0]),
+                                                       float(log_ratio[1]))).item()
+            cw = int(round(math.sqrt(target_area * aspect)))
+            ch = int(round(math.sqrt(target_area / aspect)))
+            if 0 < cw <= w and 0 < ch <= h:
+                top = int(torch.randint(0, h - ch + 1, size=(1,)))
+                left = int(torch.randint(0, w - cw + 1, size=(1,)))
+                return left, top, cw, ch
+        return _centre_fallback(self, h, w)
+
+
+def _centre_fallback(op: RandomResizedCrop, h: int, w: int) -> tuple[int, int, int, int]:
+    """torchvision's fallback: the centre crop with the aspect clamped into ``ratio``."""
+    in_ratio = w / h
+    if in_ratio < min(op.ratio):
+        cw, ch = w, int(round(w / min(op.ratio)))
+    elif in_ratio > max(op.ratio):
+        cw, ch = int(round(h * max(op.ratio))), h
+    else:
+        cw, ch = w, h
+    return (w - cw) // 2, (h - ch) // 2, cw, ch
+
+
+def _bilinear(t: Any) -> bool:
+    from torchvision.transforms.v2 import InterpolationMode
+
+    # torchvision keeps the mode as given: the enum or its string value
+    return t.interpolation in (InterpolationMode.BILINEAR, InterpolationMode.BILINEAR.value) \
+        and t.antialias is True
+
+
+def _op(t: Any) -> Any:
+    """Our op for torchvision v2 op ``t`` (exact classes only), or None."""
+    from torchvision.transforms import v2
+
+    cls = type(t)
+    if cls is v2.RandomIoUCrop:
+        return RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio,
+                             t.options, t.trials)
+    if cls is v2.Resize:
+        size = list(t.size) if t.size is not None else None
+        if not _bilinear(t) or t.max_size is not None or size is None \
+                or len(size) not in (1, 2):
+            return None
+        return Resize(size[0] if len(size) == 1 else tuple(size))
+    if cls is v2.RandomResizedCrop:
+        if not _bilinear(t) or not (0 < t.scale[0] <= t.scale[1]) \
+                or not (0 < t.ratio[0] <= t.ratio[1]):
+            return None
+        return TorchRandomResizedCrop(tuple(t.size), t.scale, t.ratio)
+    if cls is v2.Pad:
+        if t.padding_mode != "constant" or t.fill != 0:  # masks are padded with 0 here
+            return None
+        return Pad(t.padding)
+    if cls is v2.RandomHorizontalFlip:
+        return TorchFlip(t.p)
+    if cls is v2.SanitizeBoundingBoxes:
+        if t.labels_getter != "default":
+            return None
+        return SanitizeBoundingBoxes(t.min_size, t.min_area)
+    return None
+
+
+def translate_transforms(transforms: Any) -> DetectionCompose | None:
+    """Our DetectionCompose for a torchvision ``v2.Compose``, or None when it does not map."""
+    from torchvision.transforms import v2
+
+    if type(transforms) is not v2.Compose or not transforms.transforms:  # None included
+        return None
+    first, *rest = transforms.transforms
+    if type(first) not in (v2.ToImage, v2.PILToTensor):
+        return None
+    ops: list = [DecodeImage()]
+    tail: list = []
+    for t in rest:
+        if type(t) is v2.ToPureTensor:
+            continue
+        op = _op(t)
+        if op is None:
+            return None
+        (tail if isinstance(op, SanitizeBoundingBoxes) else ops).append(op)
+        if tail and not isinstance(op, SanitizeBoundingBoxes):
+            return None  # a geometric op after SanitizeBoundingBoxes: not planned here
+    return DetectionCompose(ops + [ToCHW()] + tail)
+
+
+def accelerate_detection(dataset: Any) -> Any:
+    """A fused equivalent of a wrapped torchvision ``CocoDetection``, or ``dataset`` itself."""
+    try:
+        from torchvision import datasets
+        from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
+    except ImportError:
+        return dataset
+    inner = getattr(dataset, "_dataset", None)
+    # wrap_dataset_for_transforms_v2 makes a class of its own: (wrapper, type(inner)), nothing else
+    cls = type(dataset)
+    if cls.__bases__ != (VisionDatasetTVTensorWrapper, datasets.CocoDetection) \
+            or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"}:
+        return dataset
+    if type(inner) is not datasets.CocoDetection or dataset.transform is not None \
+            or dataset.target_transform is not None:
+        return dataset
+    keys = dataset._target_keys
+    keys = ("image_id", "boxes", "labels") if keys is None else keys
+    if isinstance(keys, str) or not set(keys) <= set(KEYS):
+        return dataset
+    compose = translate_transforms(dataset.transforms)
+    if compose is None:  # (no transforms at all: PIL images, nothing to fuse)
+        return dataset
+    order = [k for k in KEYS if k in set(keys)]
+    return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order))
+
+
+__all__ = ["accelerate_detection", "translate_transforms", "TorchFlip",
+           "TorchRandomResizedCrop"]
