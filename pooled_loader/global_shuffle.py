@@ -223,7 +223,7 @@ def check_complete(state: dict) -> None:
     c.integer(state, "rank", 0, world - 1, f" (the last of {world} ranks)")
     workers = c.integer(state, "num_workers", 1)
     worker = c.integer(state, "worker", 0, workers - 1, f" (the last of {workers} workers)")
-    share = len(range(worker, samples // world, workers))
+    share = max(samples // world - worker + workers - 1, 0) // workers  # len(range(k, B, K))
     done = c.count(state, "done", share, " (the samples of this slot's share)")
     c.count_value(state.get("skipped", 0), "skipped")
     # a state is taken after a sample: before each of the `done`, at most `share` skips

@@ -87,10 +87,14 @@ class SamplerCursor:
     def check(self, state: Any) -> None:
         """At load: a saved `{kind: sampler state}` (`_index_sampler_state`), checked by its
         holder when it can say what its own state may hold (`check_state_dict`, as ours do)."""
-        if not isinstance(state, dict) or len(state) != 1:
-            return  # none, or not ours: restore() says what is wrong
-        kind, value = next(iter(state.items()))
+        if state is None:
+            return
         path = f"{SNAPSHOT}.{MAIN_SNAPSHOT}.{INDEX_SAMPLER_STATE}"
+        if not isinstance(state, dict) or len(state) != 1 \
+                or next(iter(state)) not in ("iter", "sampler", "inner"):
+            raise _CHECKS.bad(path, 'should be null or {"iter" | "sampler" | "inner": the '
+                              'sampler\'s state}')
+        kind, value = next(iter(state.items()))
         holder = {"sampler": self.index_sampler,
                   "inner": getattr(self.index_sampler, "sampler", None)}.get(kind)
         check = getattr(holder, "check_state_dict", None)

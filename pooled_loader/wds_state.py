@@ -34,13 +34,12 @@ A loaded state is untrusted: every count is checked for type and range before it
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from . import wds_elastic
-from .shard_samples import is_local_tar
+from .shard_samples import is_local_tar, local_sample_starts
 from .state_checks import StateChecks
 
 __all__ = ["STATE_VERSION", "Position", "Progress", "progress_state", "progress_from_state",
@@ -103,12 +102,12 @@ def check_state_values(state: dict, shuffle_buffer: int) -> None:
         c.count_value(pos[key], f"position.{key}")
     c.flag_value(pos["got"], "position.got")
     _offset(pos["offset"], "position.offset", None)
-    rnd = c.dict_value(state["round"], "round")
+    c.dict_value(state["round"], "round")
     c.count(state, "round.left", quota - done, " (the samples this worker has left)")
     c.count(state, "round.before", done, " ('done')")
     c.count(state, "round.count")
     c.count(state, "round.mark", pos["visits"], " ('position.visits')")
-    c.flag_value(rnd["draining"], "round.draining")
+    c.flag(state, "round.draining")
     buffer = state["buffer"]
     if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
         raise c.bad("buffer", f"should be a list of at most {shuffle_buffer} (shard, offset, "
@@ -231,9 +230,9 @@ def check_fits(state: dict, mine: dict, quota: int, shards: Sequence[str],
                index_of: dict, counts: Optional[dict]) -> None:
     """Raise ``ValueError`` saying what differs when ``state`` is not this worker's (``mine``:
     its configuration, ``quota`` its samples this epoch, ``shards`` the shards it reads), or
-    naming the position that is not in its shard: byte offsets inside the shard (a local
-    file's size or its index's ``shard_bytes``; not checked for a remote shard without an
-    index), sample numbers within its count (``counts``: samples per url, counted mode)."""
+    naming the position (and shuffle buffer entry) that is not a sample of its shard: sample
+    numbers within its count (``counts``: samples per url, counted mode) and byte offsets
+    where that sample begins (``_sample_offset``; ``index_of``: the shard indexes)."""
     differ = [f"{k}: state {state[k]!r}, dataset {v!r}" for k, v in mine.items()
               if k in state and state[k] != v]
     if state["quota"] != quota:
@@ -249,22 +248,35 @@ def check_fits(state: dict, mine: dict, quota: int, shards: Sequence[str],
             raise _STATE.bad(f"buffer[{k}].shard", f"is {shard}: the worker reads "
                              f"{len(shards)} shards")
         entries.append((f"buffer[{k}].", shard, offset, index, 1))
+    starts: dict[str, Optional[list[int]]] = {}  # per local shard, read once
     for key, shard, offset, index, held in entries:
         url = shards[shard]
-        ix = index_of.get(url)
-        size = ix.shard_bytes if ix is not None else _local_size(url)
-        _offset(offset, f"{key}offset", size)
         count = None if counts is None else counts.get(url)
         if count is not None:  # a held sample is one of the shard's; the position may be past
             _STATE.count_value(index, f"{key}index", count - held,
                                f" (shard {url} has {count} samples)")
+        if offset is None:
+            continue
+        ix = index_of.get(url)
+        if url not in starts:
+            starts[url] = local_sample_starts(url) if is_local_tar(url) else None
+        _sample_offset(offset, index, f"{key}offset", url, starts[url], ix)
 
 
-def _local_size(url: str) -> Optional[int]:
-    """A local uncompressed tar's size (None: remote, compressed or unreadable)."""
-    if not is_local_tar(url):
-        return None
-    try:
-        return os.stat(url).st_size
-    except OSError:
-        return None  # reading it says what is wrong
+def _sample_offset(offset: int, index: int, key: str, url: str, starts: Optional[list[int]],
+                   ix: Any) -> None:
+    """``offset`` must be where sample ``index`` of shard ``url`` begins (``starts``: a local
+    tar's sample offsets and its end, from its headers; ``ix``: its index), or (sample 0) the
+    shard's start. A remote shard without an index is only checked to be a tar block."""
+    if index == 0 and offset == 0:
+        return
+    if starts is not None:
+        if index >= len(starts) or starts[index] != offset:
+            where = (f"sample {index} begins at byte {starts[index]}" if index < len(starts)
+                     else f"it has {len(starts) - 1} samples")
+            raise _STATE.bad(key, f"is {offset}, but in {url} {where}")
+        return
+    _offset(offset, key, None if ix is None else ix.shard_bytes)
+    if ix is not None and index < len(ix.offsets) and ix.offsets[index] != offset:
+        raise _STATE.bad(key, f"is {offset}, but {url}'s index puts sample {index} at byte "
+                         f"{ix.offsets[index]}")
