@@ -28,7 +28,8 @@ from .errors import SampleError, ShardFormatError
 from .tar_reader import Member, TarReader
 
 __all__ = ["expand_shards", "shard_samples", "count_samples", "count_shard",
-           "local_sample_offset", "local_sample_starts", "is_local_tar", "error_reason", "COUNT_CACHE", "Sample", "Urls"]
+           "local_sample_offset", "local_sample_starts", "is_local_tar", "error_reason",
+           "COUNT_CACHE", "Sample", "Urls"]
 
 Sample = dict[str, Any]
 Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]

@@ -89,7 +89,7 @@ class StateChecks:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.bad(key, f"should be an integer, got {_show(value)}")
         if lo is not None and value < lo:
-            raise self.bad(key, f"is {value}: a count cannot be negative" if lo == 0 else
+            raise self.bad(key, f"is {value}: it cannot be negative" if lo == 0 else
                            f"is {value}, less than {lo}")
         if hi is not None and value > hi:
             raise self.bad(key, f"is {value}, more than {hi}{why}")

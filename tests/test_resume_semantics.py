@@ -279,7 +279,7 @@ def test_webdataset_state_with_a_negative_or_oversized_count_is_refused():
             "round": {"left": 6, "count": 1, "before": 0, "mark": 0, "draining": False},
             "buffer": [], "rng": None}
     check_state_values(good, 0)
-    for change, message in [({"done": -1}, "'done' is -1: a count cannot be negative"),
+    for change, message in [({"done": -1}, "'done' is -1: it cannot be negative"),
                             ({"done": 11}, "'done' is 11, more than 10"),
                             ({"quota": 10 ** 12, "done": 10 ** 12 + 1}, "more than"),
                             ({"buffer": [[0, 0, 0]]}, "'buffer' should be a list of at most 0"),
