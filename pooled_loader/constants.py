@@ -70,3 +70,10 @@ spin, and large enough that a few bad samples are almost never drawn twice."""
 def round_up(n: int, to: int = ALIGN) -> int:
     """`n` rounded up to a multiple of `to` (bytes, by default to `ALIGN`)."""
     return (n + to - 1) // to * to
+
+MAX_WORLD_SIZE = 1 << 18
+"""Ranks. The largest world size a loaded or merged state may name (262,144: above the largest
+training jobs reported, about 100,000 GPUs in 2025). Merging states and re-dealing an epoch cost
+a little per rank (a range list each: about 40 us per rank, so 10 s for a lockstep merge at this
+bound on 2 shared cores, and as much again to load it), so a hostile `world_size` of 10**12 ran
+out of memory after minutes; this bound makes it an error at once."""

@@ -32,7 +32,9 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from .constants import MAX_WORLD_SIZE
 from .errors import StateMismatch
+from .state_checks import StateChecks
 from .wds_elastic import merge_stream_states
 from .state_keys import (BASE_SEED, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
                          WORKER_SNAPSHOTS)
@@ -57,10 +59,10 @@ def _fit(order: np.ndarray, world: int, drop_last: bool) -> np.ndarray:
 
 def _consumed_positions(round_: dict, length: int) -> np.ndarray:
     world = round_["world"]
-    parts = [int(r) + world * np.arange(a, b, dtype=np.int64)  # JSON keys are strings
+    share = length // world  # `length` is fitted to the world: share positions past it do not
+    parts = [int(r) + world * np.arange(a, min(b, share), dtype=np.int64)  # JSON keys: str
              for r, ranges in round_["consumed"].items() for a, b in ranges]
-    pos = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return pos[pos < length]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _after_round(order: np.ndarray, round_: dict, n: int) -> np.ndarray:
@@ -139,8 +141,13 @@ def _bad(message: str) -> StateMismatch:
     return StateMismatch(f"merge_rank_states: {message}")
 
 
+def _share_most(dataset_len: int, world: int) -> int:
+    """Samples of one rank's share at most (a resumed plan's shares are shorter)."""
+    return -(-dataset_len // world)
+
+
 def _rank_view(state: Any, k: int) -> dict:
-    """What merging needs from one rank's loader state (validated)."""
+    """What merging needs from one rank's loader state (each value checked, naming its key)."""
     if not isinstance(state, dict) or not isinstance(state.get(POOLED), dict):
         raise _bad(f"state {k} is not a PooledLoader.state_dict()")
     pooled = state[POOLED]
@@ -149,32 +156,36 @@ def _rank_view(state: Any, k: int) -> dict:
         if key not in pooled:
             raise _bad(f"state {k} has no '{POOLED}.{key}': it was not saved by a loader with "
                        f"distributed=True")
-    elastic = pooled.get("elastic")
-    if not isinstance(elastic, dict):
+    if not isinstance(pooled.get("elastic"), dict):
         raise _bad(f"state {k} has no '{POOLED}.elastic' section: its sampler is not an "
                    f"ElasticDistributedSampler (PooledLoader(..., distributed=True))")
-    try:
-        main = state[SNAPSHOT][MAIN_SNAPSHOT]
-        prefix = main[SAMPLER_ITER_YIELDED]
-        main[BASE_SEED]
-    except (KeyError, TypeError):
-        raise _bad(f"state {k} is incomplete: '{SNAPSHOT}.{MAIN_SNAPSHOT}' lacks its sampler "
-                   f"position") from None
-    ahead = pooled.get("delivered_ahead", [])
-    ints = [prefix, pooled["world_size"], pooled["rank"], elastic.get("epoch"),
-            elastic.get("seed"), pooled["dataset_len"]] + list(ahead)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
-        raise _bad(f"state {k} holds a negative or non-integer count or position")
-    world, rank = pooled["world_size"], pooled["rank"]
-    if not 0 <= rank < world:
-        raise _bad(f"state {k} is rank {rank} of {world}")
-    plan = elastic.get("plan")
-    return {"world": world, "rank": rank, "prefix": prefix, "ahead": sorted(ahead),
-            "finished": state.get("_iterator_finished") is True, "plan": plan,
-            "same": {"dataset_len": pooled["dataset_len"], "epoch": elastic["epoch"],
-                     "seed": elastic["seed"], "shuffle": elastic.get("shuffle"),
-                     "drop_last": pooled["drop_last"], "batch_size": pooled["batch_size"],
-                     "per_sample_seed": pooled["per_sample_seed"]}}
+    c = StateChecks(f"merge_rank_states: state {k}")
+    world = c.integer(state, f"{POOLED}.world_size", 1, MAX_WORLD_SIZE,
+                      " (constants.MAX_WORLD_SIZE)")
+    rank = c.integer(state, f"{POOLED}.rank", 0, world - 1, f" (the last of {world} ranks)")
+    n = c.count(state, f"{POOLED}.dataset_len")
+    batch = None if pooled["batch_size"] is None else c.integer(state, f"{POOLED}.batch_size", 1)
+    share = _share_most(n, world)
+    batches = -(-share // (batch or 1))  # a share's batches at most
+    prefix = c.count(state, f"{SNAPSHOT}.{MAIN_SNAPSHOT}.{SAMPLER_ITER_YIELDED}", batches,
+                     f" batches of '{POOLED}.batch_size' {batch} in a share of at most "
+                     f"{share} samples")
+    path = f"{POOLED}.delivered_ahead"
+    ahead = c.list_value(pooled.get("delivered_ahead", []), path, batches)
+    for j, p in enumerate(ahead):
+        c.int_value(p, f"{path}[{j}]", prefix + 1, batches - 1, " (the share's last batch)")
+    c.seed_value(c.get(state, f"{SNAPSHOT}.{MAIN_SNAPSHOT}.{BASE_SEED}"),
+                 f"{SNAPSHOT}.{MAIN_SNAPSHOT}.{BASE_SEED}")
+    e = f"{POOLED}.elastic"
+    plan = pooled["elastic"].get("plan")
+    check_plan(plan, n, c.at(f"{e}.plan."))
+    return {"world": world, "rank": rank, "prefix": prefix, "ahead": sorted(set(ahead)),
+            "share": share, "finished": state.get("_iterator_finished") is True, "plan": plan,
+            "same": {"dataset_len": n, "epoch": c.count(state, f"{e}.epoch"),
+                     "seed": c.seed_value(c.get(state, f"{e}.seed"), f"{e}.seed"),
+                     "shuffle": c.flag(state, f"{e}.shuffle"),
+                     "drop_last": c.flag(state, f"{POOLED}.drop_last"), "batch_size": batch,
+                     "per_sample_seed": c.flag(state, f"{POOLED}.per_sample_seed")}}
 
 
 def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict:
@@ -214,11 +225,11 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
     rounds = list((first["plan"] or {}).get("rounds", []))
     if len(rounds) >= MAX_ROUNDS:
         raise _bad(f"more than {MAX_ROUNDS} resumes within one epoch")
-    batch = first["same"]["batch_size"] or 1
-    consumed = {}  # share positions past a rank's share are ignored where they are used
+    batch, share = first["same"]["batch_size"] or 1, first["share"]
+    consumed = {}  # share positions, cut at the share's end (a last batch may be short)
     for v in views:
-        ranges = [[0, v["prefix"] * batch]] if v["prefix"] else []
-        ranges += [[p * batch, (p + 1) * batch] for p in v["ahead"]]
+        ranges = [[0, min(v["prefix"] * batch, share)]] if v["prefix"] else []
+        ranges += [[min(p * batch, share), min((p + 1) * batch, share)] for p in v["ahead"]]
         consumed[str(v["rank"])] = ranges
     rounds.append({"world": world, "drop_last": first["same"]["drop_last"],
                    "consumed": consumed})
@@ -229,7 +240,7 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
 def _merge_streams(states: Sequence[dict]) -> dict:
     """Iterable loaders: the datasets' states of every worker of every rank, merged by
     `wds_elastic.merge_stream_states` (WebDataset in counted mode)."""
-    dataset_states = []
+    dataset_states, checks = [], []
     for k, state in enumerate(states):
         try:
             workers = state[SNAPSHOT][WORKER_SNAPSHOTS]
@@ -247,8 +258,12 @@ def _merge_streams(states: Sequence[dict]) -> dict:
                 raise _bad(f"state {k}, {key}: {since} item(s) since its last snapshot; take "
                            f"the states with snapshot_every_n_steps=1 (the default)")
             dataset_states.append(dataset_state)
+            checks.append(StateChecks(f"merge_rank_states: state {k}",
+                                      f"{SNAPSHOT}.{WORKER_SNAPSHOTS}.{key}.dataset_state."))
     try:
-        merged = merge_stream_states(dataset_states)
+        merged = merge_stream_states(dataset_states, checks)
+    except StateMismatch:
+        raise
     except ValueError as exc:
         raise _bad(str(exc)) from None
     return {"format": FORMAT, "iterable": True, "epoch": merged["epoch"],
@@ -261,43 +276,70 @@ def plan_from(merged: dict) -> dict:
     return {"epoch": merged["epoch"], "rounds": merged["rounds"]}
 
 
-def check_plan(plan: Any, dataset_len: int, batch_size: int | None) -> None:
-    """Refuse a plan (from a state) whose rounds are malformed."""
+def check_plan(plan: Any, dataset_len: int, checks: StateChecks | None = None) -> None:
+    """Refuse a plan (a state's `_pooled.elastic.plan`) whose epoch or rounds are malformed."""
+    c = checks or _LOADED.at("_pooled.elastic.plan.")
     if plan is None:
         return
-    if not isinstance(plan, dict) or not isinstance(plan.get("epoch"), int):
-        raise StateMismatch("PooledLoader.load_state_dict: the state is corrupt: "
-                            "'_pooled.elastic.plan' should be {epoch, rounds}")
-    _check_rounds(plan.get("rounds"), dataset_len, batch_size)
+    c.dict_value(plan, "")
+    c.count(plan, "epoch")
+    _check_rounds(c.get(plan, "rounds"), dataset_len, c.at("rounds"))
 
 
 def check_merged(merged: dict, mine: dict) -> None:
     """Refuse a merged state that another dataset, seed or configuration wrote (`mine`: this
-    loader's values), or whose rounds are malformed."""
+    loader's values), or whose counts or rounds are malformed."""
     for key in ("dataset_len", "seed", "shuffle", "drop_last", "per_sample_seed"):
         if merged.get(key) != mine[key]:
             raise StateMismatch(
                 f"PooledLoader.load_state_dict: the merged state does not fit this loader: it "
                 f"has {key}={merged.get(key)!r}, this loader has {key}={mine[key]!r}")
-    _check_rounds(merged.get("rounds"), merged["dataset_len"], merged.get("batch_size"))
+    c = StateChecks("PooledLoader.load_state_dict: the merged state")
+    n = c.count(merged, "dataset_len")
+    if merged.get("batch_size") is not None:
+        c.integer(merged, "batch_size", 1)
+    if "finished" in merged:
+        c.flag(merged, "finished")
+    _check_rounds(c.get(merged, "rounds"), n, c.at("rounds"))
 
 
-def _check_rounds(rounds: Any, dataset_len: int, batch_size: int | None) -> None:
-    if not isinstance(rounds, list) or not 1 <= len(rounds) <= MAX_ROUNDS:
-        raise StateMismatch("PooledLoader.load_state_dict: the merged state is corrupt: "
-                            "'rounds' should be a list of 1.."f"{MAX_ROUNDS} rounds")
-    most = dataset_len + (batch_size or 1)  # a share plus a batch
+_LOADED = StateChecks("PooledLoader.load_state_dict: the state")
+
+
+def _rank_of(key: Any, world: int) -> int | None:
+    """A round's rank key (a decimal string, as JSON keeps it, or an int), if in the world."""
+    if isinstance(key, str) and key.isdigit() and str(int(key)) == key:
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < world:
+        return key
+    return None
+
+
+def _check_rounds(rounds: Any, dataset_len: int, c: StateChecks) -> None:
+    """Each round: a world of 1..MAX_WORLD_SIZE ranks, and per rank of it, sorted disjoint
+    ranges of share positions (a range may end past the share, by less than a dataset)."""
+    c.list_value(rounds, "", MAX_ROUNDS)
+    if not rounds:
+        raise c.bad("", f"should hold 1..{MAX_ROUNDS} rounds")
     for k, round_ in enumerate(rounds):
-        ok = (isinstance(round_, dict) and isinstance(round_.get("world"), int)
-              and round_["world"] >= 1 and isinstance(round_.get("consumed"), dict)
-              and isinstance(round_.get("drop_last"), bool))
-        if ok:
-            for rank, ranges in round_["consumed"].items():
-                ok = ok and isinstance(rank, (int, str)) and isinstance(ranges, list) and all(
-                    isinstance(r, list) and len(r) == 2
-                    and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                    and 0 <= r[0] <= r[1] <= most for r in ranges)
-        if not ok:
-            raise StateMismatch(f"PooledLoader.load_state_dict: the merged state is corrupt: "
-                                f"round {k} should be {{world, drop_last, consumed: "
-                                f"{{rank: [[start, end], ...]}}}}")
+        r = c.at(f"[{k}].")
+        r.dict_value(round_, "")
+        world = r.integer(round_, "world", 1, MAX_WORLD_SIZE, " (constants.MAX_WORLD_SIZE)")
+        r.flag(round_, "drop_last")
+        most = _share_most(dataset_len, world) + dataset_len
+        for rank, ranges in r.section(round_, "consumed").items():
+            key = f"consumed.{rank}"
+            if _rank_of(rank, world) is None:
+                raise r.bad(key, f"names rank {rank!r}, not one of the round's ranks "
+                            f"0..{world - 1}")
+            end = 0
+            for j, pair in enumerate(r.list_value(ranges, key)):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise r.bad(f"{key}[{j}]", f"should be [start, end], got {pair!r:.80}")
+                start = r.int_value(pair[0], f"{key}[{j}][0]", 0, most,
+                                    " (a share plus a dataset)")
+                if start < end:
+                    raise r.bad(f"{key}[{j}]", f"starts at {start}, inside the range before it "
+                                f"(ranges must be sorted and disjoint)")
+                end = r.int_value(pair[1], f"{key}[{j}][1]", start, most,
+                                  " (a share plus a dataset)")

@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from .constants import MAX_WORLD_SIZE
 from .errors import SampleError
 from .shard_cache import is_cacheable
 from .shard_samples import Sample, error_reason, shard_samples
+from .state_checks import StateChecks
 from .wds_state import check_keys
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ __all__ = ["GlobalOrder", "GlobalReader", "consumed_positions", "use_cache", "fr
 STATE_VERSION = 1
 STATE_KEYS = ("version", "mode", "seed", "epoch", "samples", "shards", "rank", "world_size",
               "worker", "num_workers", "consumed", "done")
+_STATE = StateChecks("WebDataset global-shuffle state")
 OPEN_SHARDS = 8  # cached shards a worker keeps pinned between samples (most recently used)
 
 
@@ -207,8 +210,25 @@ class GlobalReader:
 
 
 def check_complete(state: dict) -> None:
-    """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state."""
+    """Raise ``ValueError`` saying what is missing when ``state`` is not a whole state, or
+    naming the key whose value it cannot hold: a slot of its world, and counts within the
+    slot's share (``done``) and the positions it can have passed (``consumed``)."""
     check_keys(state, STATE_KEYS, STATE_VERSION, "WebDataset global-shuffle state")
+    c = _STATE
+    c.seed_value(state["seed"], "seed")
+    c.count(state, "epoch")
+    c.count(state, "shards")
+    samples = c.count(state, "samples")
+    world = c.integer(state, "world_size", 1, MAX_WORLD_SIZE, " (constants.MAX_WORLD_SIZE)")
+    c.integer(state, "rank", 0, world - 1, f" (the last of {world} ranks)")
+    workers = c.integer(state, "num_workers", 1)
+    worker = c.integer(state, "worker", 0, workers - 1, f" (the last of {workers} workers)")
+    share = max(samples // world - worker + workers - 1, 0) // workers  # len(range(k, B, K))
+    done = c.count(state, "done", share, " (the samples of this slot's share)")
+    c.count_value(state.get("skipped", 0), "skipped")
+    # a state is taken after a sample: before each of the `done`, at most `share` skips
+    c.int_value(state["consumed"], "consumed", done, done * (share + 1),
+                " ('done' samples, each after at most a pass of skipped ones)")
 
 
 def check_fits(state: dict, mine: dict) -> None:
@@ -217,9 +237,5 @@ def check_fits(state: dict, mine: dict) -> None:
     differ = [f"{k}: state {state[k]!r}, dataset {mine[k]!r}" for k in
               ("seed", "epoch", "samples", "shards", "rank", "world_size", "worker",
                "num_workers") if state[k] != mine[k]]
-    if not (isinstance(state["consumed"], int) and isinstance(state["done"], int)
-            and 0 <= state["done"] <= state["consumed"]):
-        differ.append(f"consumed {state['consumed']!r} / done {state['done']!r} are not "
-                      "counts with done <= consumed")
     if differ:
         raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))

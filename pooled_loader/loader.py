@@ -22,9 +22,10 @@ from .collate import RaggedCollate
 from .epoch import EpochSpec
 from .iterators import HostTransformIter, InProcessIter, _HandedOut
 from .pool import SlotPool
-from .resume import (Limits, Progress, ResumableRandomSampler, Resume, StateMismatch,
-                     WorkerStream, parse)
+from .resume import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
+                     StateMismatch, WorkerStream, parse)
 from .seeds import rng_fingerprint
+from .state_checks import StateChecks
 from .stats import LoaderStats, report_text
 from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
 from .worker_iter import WorkerIter
@@ -45,13 +46,8 @@ def _stop(iterator: Any) -> None:
         stop()
 
 
-def _epoch_of(section: dict, key: str, what: str, path: str | None = None) -> int:
-    """`section[key]`, a non-negative integer epoch, or StateMismatch naming `path`."""
-    epoch = section[key]
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise StateMismatch(f"PooledLoader.load_state_dict: {what} is corrupt: "
-                            f"'{path or key}' is {epoch!r:.80}")
-    return epoch
+_STATE = StateChecks("PooledLoader.load_state_dict: the state")
+_MERGED = StateChecks("PooledLoader.load_state_dict: the merged state")
 
 
 class _RestOrNext:
@@ -262,7 +258,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                 "shuffle": sampler.shuffle, "drop_last": self.drop_last,
                 "per_sample_seed": self.per_sample_seed}
         check_merged(state, mine)
-        epoch = _epoch_of(state, "epoch", "the merged state")
+        epoch = _MERGED.count(state, "epoch")
         sampler.set_plan(None if state.get("finished") else plan_from(state))
         self.set_epoch(epoch)
         self._progress = self._resume = self._resume_raw = None
@@ -286,13 +282,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if elastic is not None and self._load_elastic(state, elastic):
             return
         resume = parse(state, self._state_check(), self._state_limits())
+        if not isinstance(self.dataset, IterableDataset):
+            SamplerCursor(self._index_sampler).check(resume.sampler_state)
         if state["_pooled"].get("loader_epoch") is not None:
-            self.set_epoch(_epoch_of(state["_pooled"], "loader_epoch", "the state",
-                                     "_pooled.loader_epoch"))
+            self.set_epoch(_STATE.count(state, "_pooled.loader_epoch"))
         if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
             from .elastic import check_plan
             plan = (state["_pooled"].get("elastic") or {}).get("plan")
-            check_plan(plan, len(self.dataset), self.batch_size)
+            check_plan(plan, len(self.dataset))
             elastic.set_plan(plan)
         self._progress = None
         self._resume = resume if resume.started else None

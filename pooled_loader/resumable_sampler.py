@@ -16,12 +16,16 @@ import torch
 from torch.utils.data import RandomSampler
 
 from .errors import StateMismatch
+from .state_checks import StateChecks
 
 __all__ = ["ResumableRandomSampler"]
 
 
 def _encode_generator(gen: torch.Generator) -> str:
     return base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
+
+
+_GENERATOR_BYTES = torch.Generator().get_state().numel()  # a CPU generator's state
 
 
 def _decode_generator(text: Any) -> torch.Tensor:
@@ -118,8 +122,29 @@ class ResumableRandomSampler(RandomSampler):
             raise RuntimeError("ResumableRandomSampler.state_dict(): no pass has started yet")
         return {**self._start, "yielded": self._yielded}
 
+    def check_state_dict(self, state: Any, checks: StateChecks | None = None) -> None:
+        """Raise ValueError naming the key unless `state` is a pass of this sampler: a 64-bit
+        seed or a generator state, and at most `num_samples` indices given (`checks`: how to
+        name the keys, e.g. under the loader's state)."""
+        c = checks or StateChecks("ResumableRandomSampler.load_state_dict: the state")
+        if not isinstance(state, dict) or not ({"seed", "generator"} & set(state)):
+            raise StateMismatch(f"{c.where}: not a ResumableRandomSampler state (no seed or "
+                                f"generator): {state!r:.200}")
+        if "seed" in state:
+            c.seed_value(state["seed"], "seed")
+        else:
+            try:
+                size = _decode_generator(state["generator"]).numel()
+            except (AttributeError, TypeError, ValueError):
+                size = None
+            if size != _GENERATOR_BYTES:
+                raise c.bad("generator", f"should be a torch.Generator state "
+                            f"({_GENERATOR_BYTES} bytes, base64), got {state['generator']!r:.80}")
+        if "yielded" in state:
+            c.count_value(state["yielded"], "yielded", self.num_samples,
+                          " (the indices of one pass)")
+
     def load_state_dict(self, state: dict) -> None:
         """The next `iter()` replays that pass, after the indices it had already given."""
-        if not isinstance(state, dict) or not ({"seed", "generator"} & set(state)):
-            raise StateMismatch(f"not a ResumableRandomSampler state: {state!r:.200}")
+        self.check_state_dict(state)
         self._replay = dict(state)

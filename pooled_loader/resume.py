@@ -31,6 +31,7 @@ from .elastic import merge_rank_states  # noqa: F401 - public here: resume on an
 from .errors import StateMismatch
 from .resumable_sampler import ResumableRandomSampler  # public here, as before
 from .seeds import sample_seed, seed_globals  # noqa: F401 - imported from here by worker.py
+from .state_checks import StateChecks
 from .state_keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED,
                          FETCHER_STATE, FORMAT, INDEX_SAMPLER_STATE, ITERATOR_FINISHED,
                          LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, POOLED,
@@ -82,6 +83,23 @@ class SamplerCursor:
         if first and isinstance(holder[1], ResumableRandomSampler):
             return now, {holder[0]: {**now[holder[0]], "yielded": 0}}
         return now, None
+
+    def check(self, state: Any) -> None:
+        """At load: a saved `{kind: sampler state}` (`_index_sampler_state`), checked by its
+        holder when it can say what its own state may hold (`check_state_dict`, as ours do)."""
+        if state is None:
+            return
+        path = f"{SNAPSHOT}.{MAIN_SNAPSHOT}.{INDEX_SAMPLER_STATE}"
+        if not isinstance(state, dict) or len(state) != 1 \
+                or next(iter(state)) not in ("iter", "sampler", "inner"):
+            raise _CHECKS.bad(path, 'should be null or {"iter" | "sampler" | "inner": the '
+                              'sampler\'s state}')
+        kind, value = next(iter(state.items()))
+        holder = {"sampler": self.index_sampler,
+                  "inner": getattr(self.index_sampler, "sampler", None)}.get(kind)
+        check = getattr(holder, "check_state_dict", None)
+        if callable(check):
+            check(value, _CHECKS.at(f"{path}.{kind}."))
 
     def restore(self, state: dict | None, skip: int) -> Iterator:
         """A sampler iterator `skip` items after the point `state` describes (or after the start
@@ -360,46 +378,7 @@ class Limits:
 
 
 _LOAD = "PooledLoader.load_state_dict"
-
-
-def _corrupt(message: str) -> StateMismatch:
-    return StateMismatch(f"{_LOAD}: the state is corrupt: {message}")
-
-
-def _get(state: Any, path: str) -> Any:
-    node = state
-    for key in path.split("."):
-        if not isinstance(node, dict) or key not in node:
-            raise StateMismatch(
-                f"{_LOAD}: the state is incomplete or corrupt: "
-                f"'{path}' is missing. Pass a dict returned by PooledLoader.state_dict() "
-                f"(a JSON round trip is fine); to start afresh, do not load a state.")
-        node = node[key]
-    return node
-
-
-def _int(state: Any, path: str) -> int:
-    value = _get(state, path)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _corrupt(f"'{path}' should be an integer, got {value!r:.80}")
-    return value
-
-
-def _count(state: Any, path: str, most: int | None, why: str = "") -> int:
-    """A non-negative integer at `path`, at most `most` (when known)."""
-    value = _int(state, path)
-    if value < 0:
-        raise _corrupt(f"'{path}' is {value}: a count cannot be negative")
-    if most is not None and value > most:
-        raise _corrupt(f"'{path}' is {value}, more than {most}{why}")
-    return value
-
-
-def _dict(state: Any, path: str) -> dict:
-    value = _get(state, path)
-    if not isinstance(value, dict):
-        raise _corrupt(f"'{path}' should be a dict, got {type(value).__name__}")
-    return value
+_CHECKS = StateChecks(f"{_LOAD}: the state")  # every key below is named from the state's top
 
 
 def _check_fits(saved: dict, check: dict, streams: dict[int, WorkerStream]) -> None:
@@ -424,38 +403,49 @@ def _check_fits(saved: dict, check: dict, streams: dict[int, WorkerStream]) -> N
 
 
 def _streams(state: Any, limits: Limits, saved_workers: int) -> dict[int, WorkerStream]:
+    c = _CHECKS
     path = f"{SNAPSHOT}.{WORKER_SNAPSHOTS}"
-    entries = _dict(state, path)
+    entries = c.section(state, path)
     slots = max(saved_workers, 1)
     if len(entries) > slots:
-        raise _corrupt(f"'{path}' has {len(entries)} entries for {slots} worker(s)")
+        raise c.bad(path, f"has {len(entries)} entries for {slots} worker(s)")
     streams = {}
     for key, entry in entries.items():
         where = f"{path}.{key}"
-        _dict(state, where)
-        wid = _count(state, f"{where}.{WORKER_ID}", slots - 1, " (no such worker)")
+        c.section(state, where)
+        wid = c.count(state, f"{where}.{WORKER_ID}", slots - 1, " (no such worker)")
         if key != f"worker_{wid}" or wid in streams:
-            raise _corrupt(f"'{where}' holds the stream of worker {wid}")
-        items = _count(state, f"{where}.items", limits.dataset_len,
-                       " items: the dataset's whole length")
-        since = _count(state, f"{where}.items_since_snapshot", items,
-                       " (the items it consumed in all)")
+            raise c.bad(where, f"holds the stream of worker {wid}")
+        items = c.count(state, f"{where}.items", limits.dataset_len,
+                        " items: the dataset's whole length")
+        since = c.count(state, f"{where}.items_since_snapshot", items,
+                        " (the items it consumed in all)")
         batches = None
         if "batches" in entry:
-            batches = _count(state, f"{where}.batches", limits.index_len,
-                             " batches: more than the epoch has")
+            batches = c.count(state, f"{where}.batches", limits.index_len,
+                              " batches: more than the epoch has")
             if limits.batch_size is not None and items > batches * limits.batch_size:
-                raise _corrupt(f"'{where}.items' is {items}: {batches} batch(es) of at most "
-                               f"{limits.batch_size} cannot hold them")
-        fetcher = _dict(state, f"{where}.{FETCHER_STATE}")
-        ended = _get(state, f"{where}.{FETCHER_STATE}.{FETCHER_ENDED}")
-        if not isinstance(ended, bool):
-            raise _corrupt(f"'{where}.{FETCHER_STATE}.{FETCHER_ENDED}' should be true or false")
-        streams[wid] = WorkerStream(wid, dataset_state=_get(state, f"{where}.{DATASET_STATE}"),
-                                    iter_state=_get(fetcher, DATASET_ITER_STATE),
+                raise c.bad(f"{where}.items", f"is {items}: {batches} batch(es) of at most "
+                            f"{limits.batch_size} cannot hold them")
+        fetcher = c.section(state, f"{where}.{FETCHER_STATE}")
+        ended = c.flag(state, f"{where}.{FETCHER_STATE}.{FETCHER_ENDED}")
+        streams[wid] = WorkerStream(wid, dataset_state=c.get(state, f"{where}.{DATASET_STATE}"),
+                                    iter_state=c.get(fetcher, DATASET_ITER_STATE),
                                     items_at_snapshot=items - since, items=items,
                                     ended=ended, batches=batches or 0)
     return streams
+
+
+def _ahead(state: Any, prefix: int, index_len: int | None) -> set[int]:
+    """`_pooled.delivered_ahead`: distinct positions after the delivered prefix, in the epoch."""
+    path = f"{POOLED}.delivered_ahead"
+    ahead = _CHECKS.list_value(_CHECKS.get(state, path), path, index_len)
+    last = index_len - 1 if index_len is not None else None
+    for k, p in enumerate(ahead):
+        _CHECKS.int_value(p, f"{path}[{k}]", prefix + 1, last, " (the epoch's last position)")
+    if len(set(ahead)) != len(ahead):
+        raise _CHECKS.bad(path, "lists a position twice")
+    return set(ahead)
 
 
 def parse(state: Any, check: dict, limits: Limits) -> Resume:
@@ -464,55 +454,47 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
     if not isinstance(state, dict):
         raise StateMismatch(f"{_LOAD} expects the dict returned by "
                             f"state_dict(), got {type(state).__name__}")
-    fmt = _get(state, f"{POOLED}.format")
+    c = _CHECKS
+    fmt = c.get(state, f"{POOLED}.format")
     if fmt != FORMAT:
         raise StateMismatch(f"{_LOAD}: unknown state format {fmt!r} "
                             f"(this version reads {FORMAT!r})")
-    saved = _dict(state, POOLED)
-    _dict(state, SNAPSHOT)
-    finished = _get(state, ITERATOR_FINISHED)
-    if not isinstance(finished, bool):
-        raise _corrupt(f"'{ITERATOR_FINISHED}' should be true or false, got {finished!r:.80}")
+    saved = c.section(state, POOLED)
+    c.section(state, SNAPSHOT)
+    finished = c.flag(state, ITERATOR_FINISHED)
     snap = f"{SNAPSHOT}.{MAIN_SNAPSHOT}"
-    _dict(state, snap)
-    saved_workers = _count(state, f"{snap}.{NUM_WORKERS}", None)
+    c.section(state, snap)
+    saved_workers = c.count(state, f"{snap}.{NUM_WORKERS}")
     streams = _streams(state, limits, saved_workers)
     _check_fits(saved, check, streams)
     iterable = check["iterable"]
     index_len = None if iterable else limits.index_len
-    prefix = _count(state, f"{snap}.{SAMPLER_ITER_YIELDED}", index_len,
-                    " (the sampler's length)")
-    step = _count(state, f"{POOLED}.sampler_snapshot_step", prefix,
-                  f" ('{snap}.{SAMPLER_ITER_YIELDED}')")
-    num_yielded = _count(state, f"{SNAPSHOT}.{SNAPSHOT_STEP}", index_len,
-                         " batches: more than the epoch has")
+    prefix = c.count(state, f"{snap}.{SAMPLER_ITER_YIELDED}", index_len,
+                     " (the sampler's length)")
+    step = c.count(state, f"{POOLED}.sampler_snapshot_step", prefix,
+                   f" ('{snap}.{SAMPLER_ITER_YIELDED}')")
+    num_yielded = c.count(state, f"{SNAPSHOT}.{SNAPSHOT_STEP}", index_len,
+                          " batches: more than the epoch has")
     if iterable and all("batches" in e for e in state[SNAPSHOT][WORKER_SNAPSHOTS].values()):
         delivered = sum(s.batches for s in streams.values())
         if num_yielded != delivered:
-            raise _corrupt(f"'{SNAPSHOT}.{SNAPSHOT_STEP}' is {num_yielded} but the workers' "
-                           f"streams delivered {delivered} batch(es)")
-    ahead = _get(state, f"{POOLED}.delivered_ahead")
-    if not isinstance(ahead, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) for p in ahead):
-        raise _corrupt(f"'{POOLED}.delivered_ahead' should be a list of integers")
-    if any(p <= prefix or (index_len is not None and p >= index_len) for p in ahead) \
-            or len(set(ahead)) != len(ahead):
-        raise _corrupt(f"'{POOLED}.delivered_ahead' lists positions outside "
-                       f"{prefix + 1}..{index_len if index_len is not None else 'the epoch'}")
+            raise c.bad(f"{SNAPSHOT}.{SNAPSHOT_STEP}", f"is {num_yielded} but the workers' "
+                        f"streams delivered {delivered} batch(es)")
+    ahead = _ahead(state, prefix, index_len)
     rng_check = saved.get("rng_check")
     if rng_check is not None and (not isinstance(rng_check, str) or len(rng_check) != 16
                                   or rng_check.strip("0123456789abcdef")):
-        raise _corrupt(f"'{POOLED}.rng_check' should be 16 hex digits, got {rng_check!r:.80}")
-    base_seed = _int(state, f"{snap}.{BASE_SEED}")
-    if not -(1 << 63) <= base_seed < (1 << 64):
-        raise _corrupt(f"'{snap}.{BASE_SEED}' is {base_seed}: not a 64-bit seed")
-    return Resume(finished=finished, base_seed=base_seed,
-                  epoch=_count(state, f"{POOLED}.epoch", None),
+        raise c.bad(f"{POOLED}.rng_check", f"should be 16 hex digits, got {rng_check!r:.80}")
+    return Resume(finished=finished,
+                  base_seed=c.seed_value(c.get(state, f"{snap}.{BASE_SEED}"),
+                                         f"{snap}.{BASE_SEED}"),
+                  epoch=c.count(state, f"{POOLED}.epoch"),
                   num_yielded=num_yielded,
-                  sampler_state=_get(state, f"{snap}.{INDEX_SAMPLER_STATE}"),
+                  sampler_state=c.get(state, f"{snap}.{INDEX_SAMPLER_STATE}"),
                   sampler_skip=prefix - step, delivered_prefix=prefix,
-                  delivered_ahead=set(ahead),
-                  last_worker=_count(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}",
-                                     max(saved_workers, 1) - 1, " (no such worker)"),
+                  delivered_ahead=ahead,
+                  last_worker=c.count(state, f"{SNAPSHOT}.{LAST_YIELDED_WORKER_ID}",
+                                      max(saved_workers, 1) - 1, " (no such worker)"),
                   streams=streams, sampler_snapshot_step=step,
-                  started=bool(saved.get("started", True)), rng_check=rng_check)
+                  started=c.flag(state, f"{POOLED}.started") if "started" in saved else True,
+                  rng_check=rng_check)

@@ -19,12 +19,13 @@ epoch from (`seed`, epoch), and resumable: `state_dict()` is {"epoch", "seed", "
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from .distributed import rank_and_world
+from .state_checks import SEED_RANGE, StateChecks
 
 __all__ = ["LengthGroupedSampler", "TokenBudgetBatchSampler"]
 
@@ -122,17 +123,32 @@ class _LengthOrder:
         return {"epoch": self.epoch, "seed": self.seed, "yielded": self._yielded,
                 "num_samples": int(len(self.lengths))}
 
+    def _pass_len(self, epoch: int, seed: int) -> int:
+        """Items of the pass of (`epoch`, `seed`)."""
+        return len(self)
+
+    def check_state_dict(self, state: Any, checks: StateChecks | None = None) -> None:
+        """Raise ValueError naming the key unless `state` is a pass of this sampler (`checks`:
+        how to name the keys, e.g. under the loader's state)."""
+        name = type(self).__name__
+        c = checks or StateChecks(f"{name}.load_state_dict: the state")
+        if not isinstance(state, dict) or not {"epoch", "seed", "yielded"} <= set(state):
+            raise ValueError(f"{c.where}: expected a dict with epoch, seed and yielded, got "
+                             f"{state!r:.200}")
+        n = len(self.lengths)
+        if state.get("num_samples", n) != n:
+            raise ValueError(f"{c.where} is for {state['num_samples']!r:.40} samples, this "
+                             f"sampler has {n}")
+        epoch = c.count_value(state["epoch"], "epoch", SEED_RANGE[1])
+        seed = c.count_value(state["seed"], "seed", SEED_RANGE[1])  # numpy seeds are >= 0
+        c.count_value(state["yielded"], "yielded", self._pass_len(epoch, seed),
+                      " (the items of that epoch's pass)")
+
     def load_state_dict(self, state: dict) -> None:
         """The next pass continues the saved one, after the items it had given."""
-        if not isinstance(state, dict) or not {"epoch", "seed", "yielded"} <= set(state):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: expected a dict with epoch, "
-                             f"seed and yielded, got {state!r}")
-        if state.get("num_samples", len(self.lengths)) != len(self.lengths):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: the state is for "
-                             f"{state['num_samples']} samples, this sampler has "
-                             f"{len(self.lengths)}")
-        self.epoch, self.seed = int(state["epoch"]), int(state["seed"])
-        self._skip = self._yielded = int(state["yielded"])
+        self.check_state_dict(state)
+        self.epoch, self.seed = state["epoch"], state["seed"]
+        self._skip = self._yielded = state["yielded"]
 
 
 class LengthGroupedSampler(_LengthOrder, Sampler[int]):
@@ -227,6 +243,14 @@ class TokenBudgetBatchSampler(_LengthOrder, Sampler[list]):
 
     def __len__(self) -> int:
         return len(self._batches())
+
+    def _pass_len(self, epoch: int, seed: int) -> int:
+        kept = self.epoch, self.seed
+        self.epoch, self.seed = epoch, seed
+        try:
+            return len(self._batches())
+        finally:
+            self.epoch, self.seed = kept
 
     def _items(self) -> list:
         return self._batches()

@@ -26,7 +26,8 @@ from .shard_urls import base_plus_ext, expand_urls
 from .tar_reader import Member, TarReader
 
 __all__ = ["expand_shards", "shard_samples", "count_samples", "count_shard",
-           "local_sample_offset", "is_local_tar", "error_reason", "COUNT_CACHE", "Sample", "Urls"]
+           "local_sample_offset", "local_sample_starts", "is_local_tar", "error_reason",
+           "COUNT_CACHE", "Sample", "Urls"]
 
 Sample = dict[str, Any]
 Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -152,6 +153,23 @@ def local_sample_offset(path: str, n: int) -> Optional[int]:
     except (ShardFormatError, OSError):
         pass
     return None
+
+
+def local_sample_starts(path: str) -> Optional[list[int]]:
+    """Byte offsets where each sample of a local tar begins, then where its end-of-archive
+    marker begins, from its headers alone (None if the shard cannot be read to its end)."""
+    starts, last = [], None
+    try:
+        with open(path, "rb") as f:
+            reader = TarReader(f, path)
+            for info in reader:
+                prefix = None if _not_a_sample_file(info) else base_plus_ext(info.name)[0]
+                if prefix is not None and prefix != last:
+                    starts.append(info.offset)
+                    last = prefix
+    except (ShardFormatError, OSError):
+        return None
+    return None if reader.end is None else starts + [reader.end]
 
 
 def count_samples(url: str) -> int:

@@ -20,8 +20,10 @@ counted): a state whose epoch skipped samples has no ``rest`` and is refused by 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from .constants import MAX_WORLD_SIZE
+from .state_checks import StateChecks
 from .wds_plan import slot_share
 
 Run = list  # [shard index in urls, first sample, count]
@@ -31,6 +33,7 @@ __all__ = ["merge_stream_states", "slot_runs", "drop_first", "runs_from", "MERGE
 MERGED = "merged"  # WebDataset state["mode"] of a merged state
 RUNS = "runs"  # WebDataset state["mode"] of a state taken while reading runs
 _SAME = ("seed", "shards", "samples_per_epoch", "shuffle_shards", "epoch")
+MAX_RUNS = 1 << 24  # runs in a state: more than a real epoch's pieces and buffers could leave
 
 
 def runs_from(order: Sequence[int], sizes: Sequence[int], shard: int, index: int,
@@ -76,15 +79,36 @@ def _take(runs: Sequence[Run], start: int, n: int) -> list[Run]:
     return out
 
 
-def merge_stream_states(states: Sequence[dict]) -> dict:
+def _slot_of(state: Any, c: StateChecks, first: dict, nstates: int) -> tuple[int, int]:
+    """(rank, worker) of one (rank, worker)'s state, its counts checked; the world it names
+    must have exactly as many slots as there are states."""
+    world = c.integer(state, "world_size", 1, MAX_WORLD_SIZE, " (constants.MAX_WORLD_SIZE)")
+    workers = c.integer(state, "num_workers", 1, nstates, f" (the {nstates} states given)")
+    if (world, workers) != (first.get("world_size"), first.get("num_workers")):
+        raise ValueError(f"merge_stream_states: {c.where} is from {world} rank(s) x {workers} "
+                         f"worker(s), the first from {first.get('world_size')} x "
+                         f"{first.get('num_workers')}")
+    if world * workers != nstates:
+        raise ValueError(f"merge_stream_states: expected one state per (rank, worker) of "
+                         f"{world} x {workers}, got {nstates} states")
+    return (c.integer(state, "rank", 0, world - 1, f" (the last of {world} ranks)"),
+            c.integer(state, "worker", 0, workers - 1, f" (the last of {workers} workers)"))
+
+
+def merge_stream_states(states: Sequence[dict],
+                        checks: Optional[Sequence[StateChecks]] = None) -> dict:
     """One WebDataset state holding the rest of an epoch, from the states of all its (rank,
-    worker) slots (a pure function). Raises ValueError naming what differs or is missing."""
+    worker) slots (a pure function). Raises ValueError naming what differs or is missing, or
+    the key that is malformed (``checks[k]``: how to name state ``k``'s keys)."""
     if not states:
         raise ValueError("merge_stream_states: no state given")
+    checks = checks or [StateChecks(f"merge_stream_states: state {k}")
+                        for k in range(len(states))]
     first = states[0]
     slots = set()
     runs: list[Run] = []
-    for k, state in enumerate(states):
+    origin: list[tuple[int, int]] = []  # (state, run) each merged run comes from
+    for k, (state, c) in enumerate(zip(states, checks)):
         if not isinstance(state, dict) or state.get("rest") is None:
             raise ValueError(
                 f"merge_stream_states: state {k} has no remaining runs ('rest'): it is from "
@@ -95,22 +119,20 @@ def merge_stream_states(states: Sequence[dict]) -> dict:
             if state.get(key) != first.get(key):
                 raise ValueError(f"merge_stream_states: state {k} has {key}="
                                  f"{state.get(key)!r}, state 0 has {first.get(key)!r}")
-        world, workers = state.get("world_size"), state.get("num_workers")
-        if (world, workers) != (first.get("world_size"), first.get("num_workers")):
-            raise ValueError(f"merge_stream_states: state {k} is from {world} rank(s) x "
-                             f"{workers} worker(s), state 0 from {first.get('world_size')} x "
-                             f"{first.get('num_workers')}")
-        slot = (state.get("rank"), state.get("worker"))
+        slot = _slot_of(state, c, first, len(states))
         if slot in slots:
             raise ValueError(f"merge_stream_states: two states of rank {slot[0]}, worker "
                              f"{slot[1]}")
         slots.add(slot)
+        c.count(state, "epoch")
+        check_runs(state["rest"], c.count(state, "shards"), c.at("rest"))
         runs += [list(r) for r in state["rest"]]
-    expected = {(r, w) for r in range(first["world_size"]) for w in range(first["num_workers"])}
-    if slots != expected:
-        raise ValueError(f"merge_stream_states: expected one state per (rank, worker) of "
-                         f"{first['world_size']} x {first['num_workers']}; missing "
-                         f"{sorted(expected - slots)}")
+        origin += [(k, j) for j in range(len(state["rest"]))]
+    overlap = _first_overlap(runs)
+    if overlap is not None:
+        (k, j), (k2, j2) = origin[overlap[0]], origin[overlap[1]]
+        raise checks[k].bad(f"rest[{j}]", f"{runs[overlap[0]]} overlaps run {j2} of state {k2}: "
+                            f"those samples would be read twice")
     return {"version": first["version"], "mode": MERGED,
             **{key: first[key] for key in _SAME}, "shuffle_buffer": first.get("shuffle_buffer"),
             "runs": runs, "skipped": 0}
@@ -124,13 +146,30 @@ def slot_runs(runs: Sequence[Run], rank: int, world: int, worker: int,
     return _take(runs, start, quota), quota
 
 
-def check_runs(runs: Any, nurls: int, where: str) -> None:
-    """Refuse runs that name no shard, negative samples, or too many runs to be real."""
-    if not isinstance(runs, list) or len(runs) > 1 << 24:
-        raise ValueError(f"WebDataset state is corrupt: '{where}' should be a list of runs")
+def _first_overlap(runs: Sequence[Run]) -> Optional[tuple[int, int]]:
+    """Indices of two runs that share a sample (None: disjoint)."""
+    order = sorted(range(len(runs)), key=lambda i: (runs[i][0], runs[i][1]))
+    for a, b in zip(order, order[1:]):
+        if runs[a][0] == runs[b][0] and runs[a][1] + runs[a][2] > runs[b][1]:
+            return a, b
+    return None
+
+
+def check_runs(runs: Any, nurls: int, c: StateChecks,
+               sizes: Optional[Sequence[int]] = None) -> None:
+    """Refuse runs that name no shard, a sample outside it (``sizes``: each url's samples,
+    where known), a sample twice, or too many runs to be real (``c``: names the list)."""
+    c.list_value(runs, "", MAX_RUNS)
     for k, run in enumerate(runs):
-        if not (isinstance(run, list) and len(run) == 3 and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in run)
-                and run[0] < nurls and run[2] > 0):
-            raise ValueError(f"WebDataset state is corrupt: '{where}[{k}]' should be "
-                             f"[shard < {nurls}, first sample, count > 0], got {run!r:.80}")
+        if not isinstance(run, list) or len(run) != 3:
+            raise c.bad(f"[{k}]", f"should be [shard, first sample, count], got {run!r:.80}")
+        url = c.int_value(run[0], f"[{k}][0]", 0, nurls - 1, " (the last shard)")
+        size = None if sizes is None else sizes[url]
+        why = f" (shard {url} has {size} samples)"
+        first = c.int_value(run[1], f"[{k}][1]", 0, None if size is None else size - 1, why)
+        c.int_value(run[2], f"[{k}][2]", 1, None if size is None else size - first, why)
+    overlap = _first_overlap(runs)
+    if overlap is not None:
+        a, b = overlap
+        raise c.bad(f"[{b}]", f"{runs[b]} overlaps [{a}] {runs[a]}: those samples would be "
+                    f"read twice")

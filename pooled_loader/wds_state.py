@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from . import wds_elastic
+from .shard_samples import is_local_tar, local_sample_starts
+from .state_checks import StateChecks
 
 __all__ = ["STATE_VERSION", "Position", "Progress", "progress_state", "progress_from_state",
            "check_state_values", "check_keys", "check_complete", "check_fits", "check_runs_state"]
@@ -78,56 +80,72 @@ class Progress:
 
 
 
+_STATE = StateChecks("WebDataset state")
+_BLOCK = 512  # tar's block: every member (so every sample) starts on one
+_END_MARKER = 2 * _BLOCK  # a tar ends with two zero blocks: no sample starts in them
+
+
 def check_state_values(state: dict, shuffle_buffer: int) -> None:
     """Types and ranges of a saved state's values (ValueError naming the key): a negative or
     oversized count would yield more than this worker's quota (breaking the equal counts that
     keep DDP from hanging) or skip forever."""
-    def count(key: str, value: Any, most: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"WebDataset state is corrupt: '{key}' should be a non-negative "
-                             f"integer, got {value!r:.80}")
-        if most is not None and value > most:
-            raise ValueError(f"WebDataset state is corrupt: '{key}' is {value}, more than "
-                             f"{most}")
-        return value
-    count("epoch", state["epoch"])
-    count("skipped", state.get("skipped", 0))
-    quota = count("quota", state["quota"])
-    count("done", state["done"], quota)
+    c = _STATE
+    c.count(state, "epoch")
+    c.count_value(state.get("skipped", 0), "skipped")
+    quota = c.count(state, "quota")
+    done = c.count(state, "done", quota, " ('quota': the samples of this worker's epoch)")
     pos = state["position"]
     if pos is None:
         return
-    if not isinstance(pos, dict):
-        raise ValueError("WebDataset state is corrupt: 'position' should be a dict or null")
+    c.dict_value(pos, "position")
     for key in ("shard", "index", "visits", "idle"):
-        count(f"position.{key}", pos[key])
-    if pos["offset"] is not None:  # None: a compressed shard, resumed by skipping samples
-        count("position.offset", pos["offset"])
-    rnd = state["round"]
-    if not isinstance(rnd, dict) or any(k not in rnd for k in _ROUND_KEYS):
-        raise ValueError("WebDataset state is corrupt: 'round' should be a dict with left, "
-                         "count, before, mark and draining")
-    count("round.left", rnd["left"], quota)
-    count("round.before", rnd["before"], state["done"])
-    count("round.count", rnd["count"])
-    count("round.mark", rnd["mark"])
+        c.count_value(pos[key], f"position.{key}")
+    c.flag_value(pos["got"], "position.got")
+    _offset(pos["offset"], "position.offset", None)
+    c.dict_value(state["round"], "round")
+    c.count(state, "round.left", quota - done, " (the samples this worker has left)")
+    c.count(state, "round.before", done, " ('done')")
+    c.count(state, "round.count")
+    c.count(state, "round.mark", pos["visits"], " ('position.visits')")
+    c.flag(state, "round.draining")
     buffer = state["buffer"]
     if not isinstance(buffer, list) or len(buffer) > max(shuffle_buffer, 0):
-        raise ValueError(f"WebDataset state is corrupt: 'buffer' should be a list of at most "
-                         f"{shuffle_buffer} (shard, offset, index) entries")
+        raise c.bad("buffer", f"should be a list of at most {shuffle_buffer} (shard, offset, "
+                    f"index) entries")
     for k, entry in enumerate(buffer):
         if not isinstance(entry, list) or len(entry) != 3:
-            raise ValueError(f"WebDataset state is corrupt: 'buffer[{k}]' should be "
-                             f"[shard, offset, index]")
-        for name, value in zip(("shard", "offset", "index"), entry):
-            if value is not None or name != "offset":
-                count(f"buffer[{k}].{name}", value)
-    rng = state["rng"]
-    if rng is not None and not (isinstance(rng, list) and len(rng) == 3
-                                and isinstance(rng[1], list) and len(rng[1]) == 625):
-        raise ValueError("WebDataset state is corrupt: 'rng' should be null or "
-                         "[version, 625 integers, gauss]")
+            raise c.bad(f"buffer[{k}]", "should be [shard, offset, index]")
+        c.count_value(entry[0], f"buffer[{k}].shard")
+        _offset(entry[1], f"buffer[{k}].offset", None)
+        c.count_value(entry[2], f"buffer[{k}].index")
+    _check_rng(state["rng"])
 
+
+def _offset(value: Any, key: str, shard_bytes: Optional[int]) -> None:
+    """A sample's byte offset: null (a compressed shard), or a tar block inside the shard
+    (``shard_bytes``: its size, where known), before its end-of-archive marker."""
+    if value is None:
+        return
+    most = None if shard_bytes is None else max(shard_bytes - _END_MARKER, 0)
+    _STATE.count_value(value, key, most, f" (the shard has {shard_bytes} bytes, the last "
+                       f"{_END_MARKER} its end-of-archive marker)")
+    if value % _BLOCK:
+        raise _STATE.bad(key, f"is {value}: not a multiple of {_BLOCK}, so no tar member "
+                         f"starts there")
+
+
+def _check_rng(rng: Any) -> None:
+    """null, or Python's ``random.getstate()`` as a list: [3, 625 words, gauss or null]."""
+    if rng is None:
+        return
+    ok = (isinstance(rng, list) and len(rng) == 3 and rng[0] == 3
+          and isinstance(rng[1], list) and len(rng[1]) == 625
+          and all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < 1 << 32
+                  for w in rng[1]) and rng[1][-1] <= 624
+          and (rng[2] is None or type(rng[2]) is float))
+    if not ok:
+        raise _STATE.bad("rng", "should be null or [3, 625 words below 2**32 (the last at "
+                         "most 624), null or a float]")
 
 
 def progress_state(prog: Progress, keep_rng: bool) -> dict:
@@ -188,9 +206,11 @@ def check_complete(state: dict, shuffle_buffer: int) -> None:
     check_state_values(state, shuffle_buffer)
 
 
-def check_runs_state(state: dict, mine: dict, nurls: int, shuffle_buffer: int) -> None:
+def check_runs_state(state: dict, mine: dict, nurls: int, shuffle_buffer: int,
+                     sizes: Optional[Sequence[int]] = None) -> None:
     """Raise ``ValueError`` unless a merged state (``wds_elastic.merge_stream_states``), or one
-    taken while reading one, fits the dataset whose configuration is ``mine``."""
+    taken while reading one, fits the dataset whose configuration is ``mine`` (``sizes``: each
+    url's sample count, which the runs must lie in)."""
     keys = ["seed", "shards", "samples_per_epoch", "shuffle_shards"]
     if state["mode"] == wds_elastic.RUNS:  # this slot's own runs: the same slot only
         keys += ["rank", "world_size", "worker", "num_workers"]
@@ -199,23 +219,64 @@ def check_runs_state(state: dict, mine: dict, nurls: int, shuffle_buffer: int) -
     if differ:
         raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
     key = "runs" if state["mode"] == wds_elastic.MERGED else "rest"
-    wds_elastic.check_runs(state.get(key), nurls, key)
+    wds_elastic.check_runs(_STATE.get(state, key), nurls, _STATE.at(key), sizes)
     if state["mode"] == wds_elastic.RUNS:
         check_state_values({**state, "position": None}, shuffle_buffer)
-    elif isinstance(state["epoch"], bool) or not isinstance(state["epoch"], int) \
-            or state["epoch"] < 0:
-        raise ValueError(f"WebDataset state is corrupt: 'epoch' is {state['epoch']!r:.80}")
+    else:
+        _STATE.count(state, "epoch")
 
 
-def check_fits(state: dict, mine: dict, quota: int, nshards: int) -> None:
+def check_fits(state: dict, mine: dict, quota: int, shards: Sequence[str],
+               index_of: dict, counts: Optional[dict]) -> None:
     """Raise ``ValueError`` saying what differs when ``state`` is not this worker's (``mine``:
-    its configuration, ``quota`` its samples this epoch, ``nshards`` the shards it reads)."""
+    its configuration, ``quota`` its samples this epoch, ``shards`` the shards it reads), or
+    naming the position (and shuffle buffer entry) that is not a sample of its shard: sample
+    numbers within its count (``counts``: samples per url, counted mode) and byte offsets
+    where that sample begins (``_sample_offset``; ``index_of``: the shard indexes)."""
     differ = [f"{k}: state {state[k]!r}, dataset {v!r}" for k, v in mine.items()
               if k in state and state[k] != v]
     if state["quota"] != quota:
         differ.append(f"samples for this worker: state {state['quota']}, dataset {quota}")
     pos = state["position"]
-    if not 0 <= pos["shard"] < max(nshards, 1):
-        differ.append(f"shard index {pos['shard']} out of range (worker reads {nshards})")
+    if not 0 <= pos["shard"] < max(len(shards), 1):
+        differ.append(f"shard index {pos['shard']} out of range (worker reads {len(shards)})")
     if differ:
         raise ValueError("WebDataset state does not fit this dataset: " + "; ".join(differ))
+    entries = [("position.", pos["shard"], pos["offset"], pos["index"], 0)]
+    for k, (shard, offset, index) in enumerate(state["buffer"]):
+        if shard >= len(shards):
+            raise _STATE.bad(f"buffer[{k}].shard", f"is {shard}: the worker reads "
+                             f"{len(shards)} shards")
+        entries.append((f"buffer[{k}].", shard, offset, index, 1))
+    starts: dict[str, Optional[list[int]]] = {}  # per local shard, read once
+    for key, shard, offset, index, held in entries:
+        url = shards[shard]
+        count = None if counts is None else counts.get(url)
+        if count is not None:  # a held sample is one of the shard's; the position may be past
+            _STATE.count_value(index, f"{key}index", count - held,
+                               f" (shard {url} has {count} samples)")
+        if offset is None:
+            continue
+        ix = index_of.get(url)
+        if url not in starts:
+            starts[url] = local_sample_starts(url) if is_local_tar(url) else None
+        _sample_offset(offset, index, f"{key}offset", url, starts[url], ix)
+
+
+def _sample_offset(offset: int, index: int, key: str, url: str, starts: Optional[list[int]],
+                   ix: Any) -> None:
+    """``offset`` must be where sample ``index`` of shard ``url`` begins (``starts``: a local
+    tar's sample offsets and its end, from its headers; ``ix``: its index), or (sample 0) the
+    shard's start. A remote shard without an index is only checked to be a tar block."""
+    if index == 0 and offset == 0:
+        return
+    if starts is not None:
+        if index >= len(starts) or starts[index] != offset:
+            where = (f"sample {index} begins at byte {starts[index]}" if index < len(starts)
+                     else f"it has {len(starts) - 1} samples")
+            raise _STATE.bad(key, f"is {offset}, but in {url} {where}")
+        return
+    _offset(offset, key, None if ix is None else ix.shard_bytes)
+    if ix is not None and index < len(ix.offsets) and ix.offsets[index] != offset:
+        raise _STATE.bad(key, f"is {offset}, but {url}'s index puts sample {index} at byte "
+                         f"{ix.offsets[index]}")

@@ -384,7 +384,8 @@ class WebDataset(IterableDataset):
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
         prog = Progress(quota, Position(first), rng, start=(first, skip))
         if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
-            wds_state.check_fits(resume, self._config(), quota, len(shards))
+            wds_state.check_fits(resume, self._config(), quota, shards, self._index_of,
+                                 self.shard_sizes and dict(zip(self.urls, self.shard_sizes)))
             skip = 0
             prog = self._restore(resume, quota, shards, rng)
         elif resume is not None and resume["epoch"] != self.epoch and resume["position"] and \
@@ -546,7 +547,7 @@ class WebDataset(IterableDataset):
         if state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS):
             # a merged state (`wds_elastic.merge_stream_states`) or one taken while reading one
             wds_state.check_runs_state(state, self._config(), len(self.urls),
-                                       self.shuffle_buffer)
+                                       self.shuffle_buffer, self.shard_sizes)
         else:
             self.skipped = int(state.get("skipped", self.skipped))
         self.epoch = int(state["epoch"])

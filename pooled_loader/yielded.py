@@ -60,13 +60,16 @@ def honour_adjustment(state: dict) -> dict:
     lowered = _lowered_by(state)
     if lowered == 0 or state.get(ITERATOR_FINISHED):
         return state  # a finished epoch resumes as a fresh one whatever its counts
-    state = copy.deepcopy(state)
+    original, state = state, copy.deepcopy(state)
     snap, pooled = state[SNAPSHOT], state.get(POOLED, {})
-    if pooled.get("iterable"):
-        _undo_stream_batches(snap, lowered, pooled.get("batch_size"))
-    else:
-        _undo_sampler_batches(snap, pooled, lowered)
-    snap[SNAPSHOT_STEP] -= lowered
+    try:
+        if pooled.get("iterable"):
+            _undo_stream_batches(snap, lowered, pooled.get("batch_size"))
+        else:
+            _undo_sampler_batches(snap, pooled, lowered)
+        snap[SNAPSHOT_STEP] -= lowered
+    except (KeyError, TypeError, AttributeError):
+        return original  # malformed: resume.parse names the key that is wrong
     return expose(state)  # consistent again: loading it twice moves back once
 
 

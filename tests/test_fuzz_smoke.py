@@ -1,4 +1,4 @@
-"""A short run of scripts/checks/fuzz.py on every target (issue 24): no finding in 20 s each.
+"""A short run of scripts/checks/fuzz.py on every target (issues 24, 35): no finding in 20 s each.
 
 Runs under atheris (coverage-guided) when it is installed, else the script's seeded random
 mutator; the longer campaign is in scripts/README.md.
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = 20  # per target: about 60 s in all
 
 
-@pytest.mark.parametrize("target", ["jpeg", "tar", "cache"])
+@pytest.mark.parametrize("target", ["jpeg", "tar", "cache", "state"])
 def test_a_short_fuzz_run_of_each_reader_finds_nothing(target, tmp_path):
     artifacts = tmp_path / "artifacts"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "checks", "fuzz.py"),

@@ -242,7 +242,7 @@ def mid_epoch_state(dataset, **kw):
     ("_snapshot._main_snapshot._sampler_iter_yielded", 10 ** 18, "_sampler_iter_yielded' is"),
     ("_snapshot._main_snapshot._sampler_iter_yielded", -3, "cannot be negative"),
     ("_snapshot._last_yielded_worker_id", 7, "no such worker"),
-    ("_pooled.delivered_ahead", [999], "delivered_ahead' lists positions"),
+    ("_pooled.delivered_ahead", [999], r"delivered_ahead\[0\]' is 999, more than"),
     ("_snapshot._worker_snapshots", [1], "_worker_snapshots' should be a dict"),
 ])
 def test_malformed_map_states_are_refused_at_load_naming_the_key(path, value, message):
@@ -279,7 +279,7 @@ def test_webdataset_state_with_a_negative_or_oversized_count_is_refused():
             "round": {"left": 6, "count": 1, "before": 0, "mark": 0, "draining": False},
             "buffer": [], "rng": None}
     check_state_values(good, 0)
-    for change, message in [({"done": -1}, "'done' should be a non-negative"),
+    for change, message in [({"done": -1}, "'done' is -1: it cannot be negative"),
                             ({"done": 11}, "'done' is 11, more than 10"),
                             ({"quota": 10 ** 12, "done": 10 ** 12 + 1}, "more than"),
                             ({"buffer": [[0, 0, 0]]}, "'buffer' should be a list of at most 0"),

@@ -1,4 +1,5 @@
-"""Fuzz the readers of untrusted files: JPEG decode, tar shards, cache headers (issue 24).
+"""Fuzz the readers of untrusted inputs: JPEG decode, tar shards, cache headers (issue 24),
+loaded states (issue 35).
 
     python scripts/checks/fuzz.py --seconds 600                  # every target, 600 s each
     python scripts/checks/fuzz.py --target tar --seconds 3600 --corpus fuzz_corpus
@@ -13,6 +14,9 @@ Targets (each takes one input's bytes):
 - ``cache``: the bytes are the JSON header of a real small cache, written with valid checksums
   (so the header's schema is what is fuzzed), then opened, every sample read and verified.
   Allowed: CacheError.
+- ``state``: a real loader, sampler, elastic or WebDataset state with numbers and types changed
+  as the bytes say (``mutate_state``), loaded, then its first batches drawn. Allowed:
+  ValueError (StateMismatch), TypeError.
 
 Anything else (another exception, a crash, a hang past libFuzzer's timeout) is a finding. The
 script makes its own seed corpus (small JPEGs, ``shards write``-like tars, one cache) in
@@ -24,6 +28,7 @@ target runs under libFuzzer, coverage-guided, in a process of its own; without i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -52,7 +57,7 @@ def _load() -> None:
     import pooled_loader.vision.decode as pl_decode
     import pooled_loader.webdataset as pl_wds
 
-TARGETS = ("jpeg", "tar", "cache")
+TARGETS = ("jpeg", "tar", "cache", "state")
 MAX_LEN = 1 << 16  # inputs longer than this are cut: the bugs sought live in headers
 
 
@@ -87,6 +92,7 @@ def make_corpus(root: str) -> None:
                 _add(tf, f"{name}.jpg", jpegs[k][:300])
         _put(root, "tar", i, out.getvalue())
     _put(root, "cache", 0, _base_cache()[1])
+    _put_state_seeds(root)
 
 
 def _put(root: str, target: str, i: int, data: bytes) -> None:
@@ -219,7 +225,153 @@ def target_fn(name: str, scratch: str, wide: bool):
         return lambda data: fuzz_jpeg(data, wide)
     if name == "tar":
         return lambda data: fuzz_tar(data, path + ".tar")
+    if name == "state":
+        return fuzz_state
     return lambda data: fuzz_cache(data, path)
+
+
+# -- state target (issue 35): a real state, its numbers and types mutated ----------------------
+# The input is a mutation program, not the state's text: its first byte picks one of the real
+# states below (JSON round-tripped), and each following 3 bytes pick a value in it (a number,
+# a flag, a list or a dict, by position) and what to put there. The state is then loaded, and
+# the first batches drawn: ValueError (StateMismatch) and TypeError are the allowed outcomes.
+
+HOSTILE = (-1, 0, 1, 2, -8, 512, 10 ** 6, 10 ** 12, 10 ** 18, 2 ** 63, 2 ** 64, -(2 ** 63) - 1,
+           True, False, None, "1", 1.5, [], {}, [0, 1], [[0, 1]], [[0, 1, 1]], {"0": [[0, 1]]},
+           "worker_7", [3, [0] * 625, None])
+_STATES: list = []
+
+
+class _Lengths:
+    """A map-style dataset of 24 integers (each its own length, for the length samplers)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _state_bases() -> list:
+    """(kind, state) of real loaders and datasets, built once per process."""
+    if _STATES:
+        return _STATES
+    from pooled_loader import shards
+    from pooled_loader.resume import merge_rank_states
+    root = tempfile.mkdtemp(prefix="fuzz_state_")
+    sizes = [5, 7, 3]
+    for s, n in enumerate(sizes):  # shards of ids 0..14, with their indexes
+        with tarfile.open(os.path.join(root, f"s-{s}.tar"), "w") as tf:
+            for k in range(sum(sizes[:s]), sum(sizes[:s + 1])):
+                _add(tf, f"{k:04d}.txt", str(k).encode())
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert shards.main(["index", root]) == 0
+    for kind in _STATE_KINDS:
+        if kind in ("rank", "merged"):  # a 2-rank world's states
+            states = []
+            for r in range(2):
+                loader = _state_loader(kind, root, (r, 2))
+                it = iter(loader)
+                next(it)
+                states.append(loader.state_dict())
+            state = merge_rank_states(states) if kind == "merged" else states
+        else:
+            made = _state_loader(kind, root)
+            it = iter(made)
+            for _ in range(2):
+                next(it)
+            state = made.state_dict()
+            if kind == "streams":
+                state = merge_rank_states([state])
+        _STATES.append((kind, root, json.loads(json.dumps(state))))
+    return _STATES
+
+
+def _txt(sample: dict) -> int:
+    return int(sample["txt"])
+
+
+def _state_loader(kind: str, root: str, rank_world: tuple = (0, 1)):
+    """A loader (or a WebDataset) of ``kind``; ``rank_world``: its (RANK, WORLD_SIZE)."""
+    os.environ.update(RANK=str(rank_world[0]), WORLD_SIZE=str(rank_world[1]))
+    from pooled_loader import PooledLoader
+    from pooled_loader.samplers import LengthGroupedSampler, TokenBudgetBatchSampler
+    from pooled_loader.webdataset import WebDataset
+    lengths = list(range(1, 25))
+    if kind == "map":
+        return PooledLoader(_Lengths(), batch_size=3, shuffle=True)
+    if kind == "length":
+        return PooledLoader(_Lengths(), batch_size=3, sampler=LengthGroupedSampler(
+            lengths, 3, num_replicas=1, rank=0, mega_batch_mult=2))
+    if kind == "budget":
+        return PooledLoader(_Lengths(), batch_sampler=TokenBudgetBatchSampler(
+            lengths, 40, num_replicas=1, rank=0, mega_batch_mult=2))
+    if kind in ("rank", "merged"):
+        return PooledLoader(_Lengths(), batch_size=3, shuffle=True, distributed=True)
+    if kind in ("wds", "global"):
+        return WebDataset(root, transform=_txt, seed=1, shuffle_buffer=3 if kind == "wds" else 0,
+                          shuffle="global" if kind == "global" else "shards")
+    return PooledLoader(WebDataset(root, transform=_txt, seed=1), batch_size=2)
+
+
+_STATE_KINDS = ("map", "length", "budget", "rank", "merged", "wds", "global", "streams")
+
+
+def _slots(node, path=()):
+    """Every (container, key) below ``node``, containers before their contents."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for key, value in items:
+        yield node, key
+        if isinstance(value, (dict, list)) and len(value) < 700:
+            yield from _slots(value)
+
+
+def mutate_state(data: bytes, state):
+    """``state`` (a deep copy) changed as ``data`` says (see the comment above)."""
+    state = json.loads(json.dumps(state))
+    for i in range(1, len(data) - 2, 3):
+        slots = list(_slots(state))
+        if not slots:
+            break
+        node, key = slots[int.from_bytes(data[i:i + 2], "little") % len(slots)]
+        op = data[i + 2]
+        old = node[key]
+        if op < 16 and isinstance(node, dict):
+            del node[key]
+        elif op < 48 and isinstance(old, int) and not isinstance(old, bool):
+            node[key] = old + (op % 7) - 3 if op < 40 else old * 2 + 1
+        else:
+            node[key] = json.loads(json.dumps(HOSTILE[op % len(HOSTILE)]))
+    return state
+
+
+def fuzz_state(data: bytes) -> None:
+    import itertools
+    if not data:
+        return
+    bases = _state_bases()
+    kind, root, base = bases[data[0] % len(bases)]
+    state = mutate_state(data, base)
+    elastic = kind in ("rank", "merged")
+    try:
+        if kind == "rank":
+            from pooled_loader.resume import merge_rank_states
+            state = merge_rank_states(state)
+        # elastic states resume on another world size
+        target = _state_loader("merged" if elastic else kind, root, (0, 3) if elastic else (0, 1))
+        target.load_state_dict(state)
+        for _ in itertools.islice(iter(target), 3):
+            pass
+    except (ValueError, TypeError):
+        pass
+
+
+def _put_state_seeds(root: str) -> None:
+    os.makedirs(os.path.join(root, "state"), exist_ok=True)
+    for i in range(8):  # each real state unchanged, then once with a value changed
+        _put(root, "state", i, bytes([i]))
+        _put(root, "state", 8 + i, bytes([i, 5, 0, 200]))
 
 
 # -- engines ----------------------------------------------------------------------------------
