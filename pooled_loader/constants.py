@@ -70,3 +70,18 @@ spin, and large enough that a few bad samples are almost never drawn twice."""
 def round_up(n: int, to: int = ALIGN) -> int:
     """`n` rounded up to a multiple of `to` (bytes, by default to `ALIGN`)."""
     return (n + to - 1) // to * to
+
+
+REMOTE_MIN_BYTES_PER_S = 1024
+"""Bytes per second. A remote shard's connection that delivers less than this, averaged over the
+time spent waiting on it, is treated as stalled (`remote.ResilientStream`): it is dropped and
+reopened at the byte reached, like a reset, and counts against `retries`. The per-read timeout
+alone lets a server that trickles a byte every few seconds hold a reader forever; 1 KiB/s is far
+below any link worth reading from (a 100 MB shard would take a day). Read when a stream opens,
+so a slower link can lower it here (`pooled_loader.constants.REMOTE_MIN_BYTES_PER_S = ...`)."""
+
+REMOTE_RATE_WINDOW_S = 30.0
+"""Seconds of waiting on a connection (inside reads, not the consumer's time between them)
+before its rate is judged against `REMOTE_MIN_BYTES_PER_S`: a slow start (TCP slow start, a cold
+object store) is not a stall. A trickling server is so dropped after about this long per
+attempt, and the read fails after about `(retries + 1)` times this."""

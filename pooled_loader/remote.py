@@ -12,8 +12,12 @@ Why this module exists: object stores, proxies and long transfers reset connecti
   ignores ``Range`` (200) is read again from the start and the bytes already delivered are
   discarded, so the reader sees every byte exactly once either way. ``pipe:`` commands are run
   again the same way; local files and fsspec files seek.
-- ``retries`` bounds the consecutive failed attempts (an attempt that delivers bytes resets the
-  count, so a long transfer that is cut now and then still completes). When they are exhausted
+- A connection slower than ``constants.REMOTE_MIN_BYTES_PER_S`` over the time spent waiting on
+  it (judged once that passes ``REMOTE_RATE_WINDOW_S``) is a failure too: a server that trickles
+  a byte at a time within the per-read timeout (``timeout_s``) cannot hold a reader forever.
+  Not bounded: the connect and the response headers (only by ``timeout_s`` per read).
+- ``retries`` bounds the consecutive failed attempts (an attempt that delivers bytes at the
+  minimum rate resets the count, so a long transfer that is cut now and then still completes). When they are exhausted
   the read raises ``RemoteReadError`` (a ``SampleError``) naming the URL, the byte offset, the
   attempts and the last error. A missing file or an HTTP 4xx other than 408/429 fails at once.
 
@@ -45,7 +49,9 @@ import urllib.request
 from http.client import HTTPException
 from typing import Any, BinaryIO, Callable, Optional
 
+from . import constants
 from .errors import SampleError
+from .safe_open import UnsafeFileError, open_regular
 
 __all__ = ["open_shard", "RemoteReadError", "IO_STATS", "RETRIES", "BACKOFF_S", "is_seekable_url"]
 
@@ -86,7 +92,8 @@ class _Opened:
 
 
 def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
-    f = open(path, "rb")  # noqa: SIM115 - closed by the stream
+    # A FIFO would block in open() and a link to /dev/zero never end: regular files only.
+    f = os.fdopen(open_regular(path, follow=True, what="local shard"), "rb")
     f.seek(offset)
     return _Opened(f, os.fstat(f.fileno()).st_size)
 
@@ -118,9 +125,23 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
         size = int(total) if total != "*" else None
         if size is None and length and end is None:
             size = offset + int(length)
-        return _Opened(resp, size)
+        return _Opened(_Body(resp), size, close=resp.close)
     # 200: the server ignored Range; read from the start and discard what was delivered.
-    return _Opened(resp, int(length) if length else None, skip=offset)
+    return _Opened(_Body(resp), int(length) if length else None, skip=offset, close=resp.close)
+
+
+class _Body:
+    """An HTTP response read one socket read at a time (``read1``): its ``readinto`` would wait
+    until the whole buffer is full, so a server trickling a byte at a time, each within the
+    per-read timeout, would never give the stream a chance to judge its rate."""
+
+    def __init__(self, resp: Any) -> None:
+        self.resp = resp
+
+    def readinto(self, buf: memoryview) -> int:
+        data = self.resp.read1(len(buf))
+        buf[:len(data)] = data
+        return len(data)
 
 
 def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
@@ -194,7 +215,7 @@ def is_seekable_url(url: str) -> bool:
 
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError, RemoteReadError)):
+                        NotADirectoryError, UnsafeFileError, RemoteReadError)):
         return False
     return isinstance(exc, (_Transient, OSError, HTTPException, TimeoutError))
 
@@ -207,7 +228,8 @@ class ResilientStream(io.RawIOBase):
 
     def __init__(self, url: str, offset: int = 0, *, retries: int = RETRIES,
                  backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
-                 end: Optional[int] = None) -> None:
+                 end: Optional[int] = None, min_bytes_per_s: Optional[float] = None,
+                 rate_window_s: Optional[float] = None) -> None:
         super().__init__()
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -216,6 +238,11 @@ class ResilientStream(io.RawIOBase):
         self.url, self.pos, self.end = url, int(offset), end
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.attempts = 0  # connections made, for messages and tests
+        self.min_rate = constants.REMOTE_MIN_BYTES_PER_S if min_bytes_per_s is None \
+            else min_bytes_per_s
+        self.rate_window_s = constants.REMOTE_RATE_WINDOW_S if rate_window_s is None \
+            else rate_window_s
+        self._waited, self._got = 0.0, 0  # this connection: seconds inside reads, bytes
         self._open = _opener(url)
         self._conn: Optional[_Opened] = None
         self._size: Optional[int] = None
@@ -238,7 +265,9 @@ class ResilientStream(io.RawIOBase):
             try:
                 self.attempts += 1
                 IO_STATS["opens"][self.url] += 1
+                began = time.monotonic()
                 conn = self._open(self.url, self.pos, self.timeout_s, self.end)
+                self._waited, self._got = time.monotonic() - began, 0
                 try:
                     self._discard(conn, conn.skip)
                 except BaseException:
@@ -249,11 +278,12 @@ class ResilientStream(io.RawIOBase):
             except BaseException as exc:  # noqa: BLE001 - sorted by _retryable
                 self._failed(exc)
 
-    @staticmethod
-    def _discard(conn: _Opened, nbytes: int) -> None:
+    def _discard(self, conn: _Opened, nbytes: int) -> None:
         buf = memoryview(bytearray(min(nbytes, BUFFER_BYTES) or 1))
         while nbytes > 0:
+            began = time.monotonic()
             n = conn.raw.readinto(buf[:min(nbytes, len(buf))])
+            self._check_rate(n or 0, time.monotonic() - began)
             if not n:
                 raise _Transient(f"ended {nbytes} bytes before the resume offset")
             nbytes -= n
@@ -283,7 +313,9 @@ class ResilientStream(io.RawIOBase):
             if self._conn is None:
                 self._connect()
             try:
+                began = time.monotonic()
                 n = self._conn.raw.readinto(view)
+                self._check_rate(n, time.monotonic() - began)
                 want = self._size if self.end is None or self._size is None else min(
                     self._size, self.end)
                 if not n and want is not None and self.pos < want:
@@ -294,10 +326,23 @@ class ResilientStream(io.RawIOBase):
                 self._failed(exc)
                 continue
             if n:
-                self._failures = 0
+                if self._got >= self.min_rate * self._waited:  # a trickle does not reset it
+                    self._failures = 0
                 self.pos += n
                 IO_STATS["bytes"][self.url] += n
             return n
+
+    def _check_rate(self, n: int, waited: float) -> None:
+        """Count a read; a connection slower than ``min_rate`` bytes/s over the time spent
+        waiting on it (once that passes ``rate_window_s``) is a failure: reconnect or give up."""
+        self._waited += waited
+        self._got += n
+        if self._waited >= self.rate_window_s and self._got < self.min_rate * self._waited:
+            raise _Transient(
+                f"the server sent {self._got} bytes in {self._waited:.1f} s of waiting, slower "
+                f"than the minimum of {self.min_rate} bytes/s; if the link is really this slow, "
+                "lower pooled_loader.constants.REMOTE_MIN_BYTES_PER_S (or pass "
+                "open_shard(min_bytes_per_s=...))")
 
     def close(self) -> None:
         if self._conn is not None:
@@ -308,11 +353,14 @@ class ResilientStream(io.RawIOBase):
 
 def open_shard(url: str, offset: int = 0, *, retries: int = RETRIES,
                backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
-               end: Optional[int] = None) -> BinaryIO:
+               end: Optional[int] = None, min_bytes_per_s: Optional[float] = None,
+               rate_window_s: Optional[float] = None) -> BinaryIO:
     """A buffered binary stream of ``url`` from byte ``offset`` (to ``end``, exclusive, when
-    given) that reconnects on failure (see the module docstring). Raises ``RemoteReadError``
-    naming the URL when it cannot be read."""
+    given) that reconnects on failure (see the module docstring). ``min_bytes_per_s`` and
+    ``rate_window_s`` default to ``constants.REMOTE_MIN_BYTES_PER_S`` and
+    ``REMOTE_RATE_WINDOW_S``. Raises ``RemoteReadError`` naming the URL when it cannot be
+    read."""
     raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s,
-                          end=end)
+                          end=end, min_bytes_per_s=min_bytes_per_s, rate_window_s=rate_window_s)
     size = BUFFER_BYTES if end is None else max(1, min(BUFFER_BYTES, end - offset))
     return io.BufferedReader(raw, size)
