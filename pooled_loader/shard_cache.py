@@ -72,7 +72,8 @@ from typing import Iterator, Optional, Union
 
 from . import remote
 from .errors import SampleError
-from .safe_open import UnsafeFileError, create_exclusive, open_own, open_regular, write_all
+from .safe_open import (UnsafeFileError, create_exclusive, open_own, open_regular,
+                        open_regular_stat, write_all)
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
@@ -202,6 +203,9 @@ class ShardCache:
         # Per process: hits, downloads, bypass (streamed, not cached), evictions, bytes.
         self.stats: Counter = Counter()
         self._warned: set[str] = set()
+        # key -> the record last read: a record changes only with the file it names (a new
+        # download is a new inode), so while the file is that one it need not be read again.
+        self._known: dict[str, tuple[int, int, int, str]] = {}
 
     def path(self, url: str) -> str:
         return os.path.join(self.dir, cache_key(url))
@@ -215,19 +219,20 @@ class ShardCache:
         index) are checked on download, and against a cached copy's record when it is opened.
         Raises ``RemoteReadError``/``SampleError`` naming the URL when the download fails or
         does not match, ``OSError`` (ENOSPC) naming the folder when the disk is full."""
-        path = self.path(url)
-        shard = self._pin(url, path, size, sha256, locked=False)
+        key = cache_key(url)
+        path = os.path.join(self.dir, key)
+        shard = self._pin(url, key, path, size, sha256, locked=False)
         if shard is not None:
             self.stats["hits"] += 1
             return shard
-        lock = os.path.join(self.dir, ".locks", cache_key(url))
+        lock = os.path.join(self.dir, ".locks", key)
         with _flocked(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB),
                       writable=True) as fd:
             if fd is None:
                 return None
             # Another process may have fetched it meanwhile; a copy that fails its checks now
             # (the download lock is held: nobody is replacing it) is dropped.
-            shard = self._pin(url, path, size, sha256, locked=True)
+            shard = self._pin(url, key, path, size, sha256, locked=True)
             if shard is not None:
                 self.stats["hits"] += 1
                 return shard
@@ -250,15 +255,15 @@ class ShardCache:
         with shard:
             yield shard.path
 
-    def _pin(self, url: str, path: str, size: Optional[int], sha256: Optional[str], *,
-             locked: bool) -> Optional[CachedShard]:
+    def _pin(self, url: str, key: str, path: str, size: Optional[int], sha256: Optional[str],
+             *, locked: bool) -> Optional[CachedShard]:
         """``path`` pinned (a shared flock) if it is the copy this cache renamed into place
         (its record names its inode and size) and matches ``size``/``sha256``; else None.
         Never opens a link, FIFO or device (a planted one is warned about and left for the
         download's rename to replace); with ``locked`` a copy of ours that fails is dropped."""
         while True:
             try:
-                fd = open_regular(path, own=True, what="cached shard")
+                fd, st = open_regular_stat(path, own=True, what="cached shard")
             except FileNotFoundError:
                 return None
             except UnsafeFileError as e:
@@ -266,12 +271,11 @@ class ShardCache:
                                      "again")
                 return None
             fcntl.flock(fd, fcntl.LOCK_SH)
-            st = os.fstat(fd)
             if _same_file(path, st):
                 break
             os.close(fd)  # evicted (or replaced) between open and lock: look again
         try:
-            why = self._mismatch(os.path.basename(path), st, size, sha256)
+            why = self._mismatch(key, st, size, sha256)
             if why is None:
                 _touch(fd)
                 return CachedShard(url, path, fd)
@@ -289,7 +293,11 @@ class ShardCache:
     def _mismatch(self, key: str, st: os.stat_result, size: Optional[int],
                   sha256: Optional[str]) -> Optional[str]:
         """Why the cached file ``st`` of ``key`` must not be served, or None."""
-        rec = self._record(key)
+        rec = self._known.get(key)
+        if rec is None or rec[:3] != (st.st_dev, st.st_ino, st.st_size):
+            rec = self._record(key)  # read again: another process may have fetched it anew
+            if rec is not None:
+                self._known[key] = rec
         if rec is None or rec[:2] != (st.st_dev, st.st_ino):
             return "not the copy this cache downloaded (no record of it in .locks/)"
         if st.st_size != rec[2]:
@@ -486,7 +494,7 @@ class ShardCache:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["stats"], state["_warned"] = Counter(), set()
+        state["stats"], state["_warned"], state["_known"] = Counter(), set(), {}
         return state
 
 

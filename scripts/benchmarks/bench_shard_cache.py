@@ -21,6 +21,14 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
   a sleep (wall time without CPU, as a GPU-bound step would take).
 - ``global``: shard order (1000-sample buffer) vs ``shuffle="global"``, from local disk and
   from http with the cache (warm), epochs alternating; medians.
+- ``checks`` (issue 35): the cost of the checks added to a cache hit (an ``O_NOFOLLOW|
+  O_NONBLOCK`` open, owner/links/size checks, the record in ``.locks/KEY``, mtime through the
+  descriptor) against the hit path before them (a plain open, ``flock``, ``stat``, ``utime``
+  of the path), and of reading HTTP bodies one socket read at a time (the minimum-rate check)
+  against ``HTTPResponse.readinto``; all in the main process, variants alternating per round:
+  hits per second; global-shuffle reads from the warm cache with one pinned shard
+  (``OPEN_SHARDS = 1``: a shard open for almost every sample, the worst case), with the decode
+  and without it (raw bytes); streaming the shards over ``python -m http.server``.
 - ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
   requests per epoch, small shards, 2 workers) and simulated (one reader, LRU, the epoch's
   shuffled shard order) for budgets of 20-80% of the shards.
@@ -254,6 +262,123 @@ def _same_order_hits(nshards: int, capacity: int, epochs: int) -> float:
     return hits / reads
 
 
+def _old_pin(self, url, key, path, size, sha256=None, *, locked=False):
+    """The cache-hit path before issue 35 (for ``checks``): no link, FIFO, owner or record
+    check, mtime set through the path."""
+    import fcntl
+
+    from pooled_loader.shard_cache import CachedShard
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        st = os.fstat(fd)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+            break
+        os.close(fd)
+    if size is not None and st.st_size != size:
+        os.close(fd)
+        return None
+    t = time.time_ns()
+    os.utime(path, ns=(t, t))
+    return CachedShard(url, path, fd)
+
+
+class _ReadintoBody:
+    """The HTTP body as read before issue 35 (for ``checks``): ``HTTPResponse.readinto``."""
+
+    def __init__(self, resp) -> None:
+        self.readinto = resp.readinto
+
+
+def _alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
+    """{name: [rate per round]}: each round runs every variant once, the order alternating."""
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            rates[name].append(variants[name]())
+    return rates
+
+
+def part_checks(shards, total, augment, args, tmp) -> None:
+    from pooled_loader import global_shuffle, remote
+    from pooled_loader.shard_cache import ShardCache
+    proc, base = start_server(os.path.dirname(shards[0]))
+    new_pin, new_body = ShardCache._pin, remote._Body
+    try:
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        folder = os.path.join(tmp, "checks")
+        cache = ShardCache(folder)
+        for u in urls:
+            cache.open(u).close()
+
+        def with_pin(pin, fn):
+            def run():
+                ShardCache._pin = pin
+                try:
+                    return fn()
+                finally:
+                    ShardCache._pin = new_pin
+            return run
+
+        def hits(n=3000):
+            t = time.perf_counter()
+            for i in range(n):
+                cache.open(urls[i % len(urls)]).close()
+            return n / (time.perf_counter() - t)
+
+        print("\n## checks: cache hits per second (in-process)")
+        table(_alternate({"before (plain open)": with_pin(_old_pin, hits),
+                          "checked (issue 35)": with_pin(new_pin, hits)}, args.rounds * 3),
+              "before (plain open)")
+
+        global_shuffle.OPEN_SHARDS = 1
+        for label, transform in (("decode + crop", Sample(augment)), ("raw bytes", None)):
+            ds = WebDataset(urls, transform=transform, shuffle="global", cache_dir=folder,
+                            index=True, seed=0)
+
+            def epoch(ds=ds):
+                t = time.perf_counter()
+                n = sum(1 for _ in ds)
+                return n / (time.perf_counter() - t)
+
+            print(f"\n## checks: global shuffle from the warm cache, one pinned shard, "
+                  f"{label} (samples/s, in-process)")
+            table(_alternate({"before (plain open)": with_pin(_old_pin, epoch),
+                              "checked (issue 35)": with_pin(new_pin, epoch)}, args.rounds),
+                  "before (plain open)")
+
+        def stream(body):
+            def run():
+                remote._Body = body
+                try:
+                    t, n = time.perf_counter(), 0
+                    for u in urls:
+                        with remote.open_shard(u) as f:
+                            while chunk := f.read(1 << 20):
+                                n += len(chunk)
+                    return n / 1e6 / (time.perf_counter() - t)
+                finally:
+                    remote._Body = new_body
+            return run
+
+        print("\n## checks: streaming every shard over http (MB/s, in-process)")
+        table(_alternate({"readinto (before)": stream(_ReadintoBody),
+                          "read1 + rate check (issue 35)": stream(new_body)}, args.rounds * 2),
+              "readinto (before)")
+    finally:
+        ShardCache._pin, remote._Body = new_pin, new_body
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True)
@@ -288,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "lru":
                 part_lru(args, tmp)
             else:
-                {"cache": part_cache, "prefetch": part_prefetch, "global": part_global}[name](
+                {"cache": part_cache, "prefetch": part_prefetch, "global": part_global,
+                 "checks": part_checks}[name](
                     shards, total, augment, args, tmp)
         print(f"\n# {time.monotonic() - t0:.0f} s; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
