@@ -6,9 +6,9 @@ HTTP server on 127.0.0.1, real worker processes."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -30,15 +30,10 @@ REPO = os.path.dirname(TESTS)
 SIZES = [20] * 8  # 160 samples
 
 
-def digest_tree(root):
-    """{relative path: sha256} of every file under ``root`` (links not followed)."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(folder, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
+def tree(root):
+    """{relative path: bytes} of every file under ``root``."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in pathlib.Path(root).rglob("*")
+            if p.is_file()}
 
 
 @pytest.fixture
@@ -69,7 +64,7 @@ def test_eviction_never_deletes_files_the_cache_did_not_write(remote_root, tmp_p
     (cache / "0123456789abcdef-looks-like-a-key.tar").write_bytes(os.urandom(20000))
     (cache / ".0123456789abcdef-x.tar.part-9").write_bytes(b"y" * 9)  # not the part pattern
     (cache / ".hidden").write_bytes(b"z" * 10)
-    before = digest_tree(str(cache))
+    before = tree(cache)
     shard_bytes = os.path.getsize(os.path.join(remote_root, remote_names()[0]))
     with ShardServer(remote_root) as srv:
         urls = local + [srv.url(n) for n in remote_names()]
@@ -86,7 +81,7 @@ def test_eviction_never_deletes_files_the_cache_did_not_write(remote_root, tmp_p
                 pass
         assert direct.stats["evictions"] >= 6
         assert direct.usage() <= 2 * shard_bytes
-    after = digest_tree(str(cache))
+    after = tree(cache)
     assert {k: after.get(k) for k in before} == before  # every foreign file intact
 
 
