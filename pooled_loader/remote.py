@@ -131,17 +131,26 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
 
 
 class _Body:
-    """An HTTP response read one socket read at a time (``read1``): its ``readinto`` would wait
+    """An HTTP response's body read one socket read at a time: ``HTTPResponse.readinto`` waits
     until the whole buffer is full, so a server trickling a byte at a time, each within the
-    per-read timeout, would never give the stream a chance to judge its rate."""
+    per-read timeout, would never give the stream a chance to judge its rate. With a
+    ``Content-Length`` (the usual case) the socket's buffered file is read directly, with no
+    copy (``readinto1``, the response's length kept here); else through ``read1``."""
 
     def __init__(self, resp: Any) -> None:
         self.resp = resp
+        fp = getattr(resp, "fp", None)
+        direct = resp.length is not None and not resp.chunked and hasattr(fp, "readinto1")
+        self._fp, self._left = (fp, resp.length) if direct else (None, None)
 
     def readinto(self, buf: memoryview) -> int:
-        data = self.resp.read1(len(buf))
-        buf[:len(data)] = data
-        return len(data)
+        if self._fp is None:
+            data = self.resp.read1(len(buf))
+            buf[:len(data)] = data
+            return len(data)
+        n = self._fp.readinto1(buf[:self._left]) if self._left else 0
+        self._left -= n
+        return n
 
 
 def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
