@@ -51,7 +51,7 @@ from typing import Any, BinaryIO, Callable, Optional
 
 from . import constants
 from .errors import SampleError
-from .safe_open import UnsafeFileError, open_regular
+from .safe_open import UnsafeFileError, open_regular_stat
 
 __all__ = ["open_shard", "RemoteReadError", "IO_STATS", "RETRIES", "BACKOFF_S", "is_seekable_url"]
 
@@ -93,9 +93,10 @@ class _Opened:
 
 def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
     # A FIFO would block in open() and a link to /dev/zero never end: regular files only.
-    f = os.fdopen(open_regular(path, follow=True, what="local shard"), "rb")
+    fd, st = open_regular_stat(path, follow=True, what="local shard")
+    f = os.fdopen(fd, "rb")
     f.seek(offset)
-    return _Opened(f, os.fstat(f.fileno()).st_size)
+    return _Opened(f, st.st_size)
 
 
 def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
