@@ -15,7 +15,8 @@ Why this module exists: object stores, proxies and long transfers reset connecti
 - A connection slower than ``constants.REMOTE_MIN_BYTES_PER_S`` over the time spent waiting on
   it (judged once that passes ``REMOTE_RATE_WINDOW_S``) is a failure too: a server that trickles
   a byte at a time within the per-read timeout (``timeout_s``) cannot hold a reader forever.
-  Not bounded: the connect and the response headers (only by ``timeout_s`` per read).
+  The status line and headers must arrive within ``timeout_s`` of the connection in all.
+  Not bounded beyond ``timeout_s`` per read: the TCP connect and a TLS handshake.
 - ``retries`` bounds the consecutive failed attempts (an attempt that delivers bytes at the
   minimum rate resets the count, so a long transfer that is cut now and then still completes). When they are exhausted
   the read raises ``RemoteReadError`` (a ``SampleError``) naming the URL, the byte offset, the
@@ -39,6 +40,7 @@ a resumed dataset does not read consumed shards again).
 from __future__ import annotations
 
 import collections
+import http.client
 import io
 import os
 import subprocess
@@ -103,14 +105,17 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
     last = "" if end is None else str(end - 1)
     headers = {"Range": f"bytes={offset}-{last}"} if offset or end is not None else {}
     try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                      timeout=timeout)
+        resp = _opener_with_deadline().open(urllib.request.Request(url, headers=headers),
+                                            timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:  # asked at (or past) the end: nothing left to read
             return _Opened(io.BytesIO(b""), offset)
         if exc.code in TRANSIENT_HTTP:
             raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
         raise RemoteReadError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+    reader = getattr(getattr(resp, "fp", None), "raw", None)
+    if isinstance(reader, _DeadlineReader):
+        reader.owner.lift()  # the headers are in: the body is judged by its rate
     length = resp.headers.get("Content-Length")
     if resp.status == 206:
         content_range = resp.headers.get("Content-Range", "")  # bytes START-END/TOTAL
@@ -129,6 +134,104 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
         return _Opened(_Body(resp), size, close=resp.close)
     # 200: the server ignored Range; read from the start and discard what was delivered.
     return _Opened(_Body(resp), int(length) if length else None, skip=offset, close=resp.close)
+
+
+class _DeadlineSocket:
+    """An HTTP connection's socket as ``http.client`` sees it: every read before ``lift()``
+    (the status line and headers) must end by one deadline, ``timeout_s`` after the connection
+    is made, so a server trickling its headers a byte at a time cannot hold a reader forever;
+    afterwards each read has the per-read timeout only. Closed when both the connection and the
+    response's file have let go of it (as ``socket.makefile`` counts)."""
+
+    def __init__(self, sock: Any, timeout: float) -> None:
+        self.sock, self.timeout = sock, timeout
+        self.deadline: Optional[float] = time.monotonic() + timeout
+        self._refs = 1
+
+    def sendall(self, data: Any, *args: Any) -> None:
+        self.sock.sendall(data, *args)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        self._refs += 1
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def recv_into(self, buf: memoryview) -> int:
+        if self.deadline is None:
+            return self.sock.recv_into(buf)
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            self.sock.settimeout(min(self.timeout, left))
+            try:
+                return self.sock.recv_into(buf)
+            except TimeoutError:
+                if left >= self.timeout:
+                    raise  # the per-read timeout, not the deadline
+        raise TimeoutError(f"no complete status line and headers within {self.timeout} s "
+                           "(timeout_s) of connecting")
+
+    def lift(self) -> None:
+        self.deadline = None
+        self.sock.settimeout(self.timeout)
+
+    def close(self) -> None:
+        self._refs -= 1
+        if self._refs == 0:
+            self.sock.close()
+
+    def __getattr__(self, name: str) -> Any:  # setsockopt, fileno, ...
+        return getattr(self.sock, name)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The raw file under an HTTP response: reads through its ``_DeadlineSocket``."""
+
+    def __init__(self, owner: _DeadlineSocket) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        return self.owner.recv_into(buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.owner.close()
+        super().close()
+
+
+def _with_deadline(base: type) -> type:
+    class Connection(base):  # type: ignore[misc, valid-type]
+        def connect(self) -> None:
+            super().connect()
+            self.sock = _DeadlineSocket(self.sock, self.timeout)
+    return Connection
+
+
+_HTTP_CONNECTION = _with_deadline(http.client.HTTPConnection)
+_HTTPS_CONNECTION = _with_deadline(http.client.HTTPSConnection)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_HTTP_CONNECTION, req, **kwargs)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_HTTPS_CONNECTION, req, **kwargs)
+
+
+_OPENER: list = []
+
+
+def _opener_with_deadline() -> urllib.request.OpenerDirector:
+    """``urllib``'s opener (proxies and redirects as usual) whose connections bound the time to
+    the headers (not one installed with ``urllib.request.install_opener``)."""
+    if not _OPENER:
+        _OPENER.append(urllib.request.build_opener(_HTTPHandler, _HTTPSHandler))
+    return _OPENER[0]
 
 
 class _Body:

@@ -1,5 +1,5 @@
 """pooled_loader.remote against a hostile server on 127.0.0.1 (issue 35): one that trickles its
-body a byte at a time, each byte well within the per-read timeout."""
+body, or its headers, a byte at a time, each byte well within the per-read timeout."""
 
 from __future__ import annotations
 
@@ -38,15 +38,47 @@ class _Trickle(BaseHTTPRequestHandler):
             pass
 
 
+class _TrickleHeaders(_Trickle):
+    """Starts a header line, then adds one byte to it every ``gap`` seconds."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            for _ in range(60_000):
+                self.wfile.write(b"a")
+                self.wfile.flush()
+                time.sleep(self.gap)
+        except OSError:
+            pass
+
+
+def _serve(handler):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/slow.tar"
+
+
 @pytest.fixture
 def trickle():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
-    srv.daemon_threads = True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/slow.tar"
+    srv, url = _serve(_Trickle)
+    yield url
     srv.shutdown()
     srv.server_close()
+
+
+@pytest.mark.timeout(60)  # it used to wait for the header line (one byte per 50 ms) for ~1 hour
+def test_a_server_that_trickles_its_headers_is_given_up_on_after_timeout_s():
+    srv, url = _serve(_TrickleHeaders)
+    try:
+        began = time.monotonic()
+        with pytest.raises(RemoteReadError, match=r"slow\.tar.*2 failed attempts.*status line "
+                                                  r"and headers within 1\.0 s"):
+            open_shard(url, retries=1, backoff_s=0.0, timeout_s=1.0)
+        assert time.monotonic() - began < 20
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.fixture
