@@ -23,11 +23,13 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
   from http with the cache (warm), epochs alternating; medians.
 - ``checks`` (issue 35): the cost of the checks added to a cache hit (an ``O_NOFOLLOW|
   O_NONBLOCK`` open, owner/links/size checks, the record in ``.locks/KEY``, mtime through the
-  descriptor) and to opening a local shard (regular files only) against the paths before them
-  (a plain open, ``flock``, ``stat``, ``utime`` of the path; a plain ``open``), and of reading HTTP bodies one socket read at a time (the minimum-rate check)
-  against ``HTTPResponse.readinto``; all in the main process, variants alternating per round,
-  rates per CPU-second of the main process (``time.process_time``: the load of other processes
-  on a shared machine moves wall-clock rates by more than the effect measured): hits; global-shuffle reads from the warm cache with one pinned shard
+  descriptor) and to opening a local shard (regular files only), against copies of the paths
+  before them (a plain open, ``flock``, ``stat``, ``utime`` of the path; a plain ``open``); and
+  of HTTP streaming with the header deadline and the minimum rate (one socket read at a time)
+  against ``urllib``'s plain opener and ``HTTPResponse.readinto``. All in the main process,
+  variants alternating per round, rates per CPU-second of the main process
+  (``time.process_time``: other processes' load moves wall-clock rates by more than the effect
+  measured). Hits; global-shuffle reads from the warm cache with one pinned shard
   (``OPEN_SHARDS = 1``: a shard open for almost every sample, the worst case), with the decode
   and without it (raw bytes); streaming the shards over ``python -m http.server``.
 - ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 
@@ -322,6 +325,7 @@ def part_checks(shards, total, augment, args, tmp) -> None:
     from pooled_loader.shard_cache import ShardCache
     proc, base = start_server(os.path.dirname(shards[0]))
     new_pin, new_body, new_local = ShardCache._pin, remote._Body, remote._open_local
+    new_opener = remote._opener_with_deadline
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
         folder = os.path.join(tmp, "checks")
@@ -367,9 +371,11 @@ def part_checks(shards, total, augment, args, tmp) -> None:
                               "checked (issue 35)": with_pin(new_pin, epoch)}, args.rounds),
                   "before (plain open)")
 
-        def stream(body):
+        plain = urllib.request.build_opener()  # what urlopen used before issue 35
+
+        def stream(body, opener):
             def run():
-                remote._Body = body
+                remote._Body, remote._opener_with_deadline = body, opener
                 try:
                     t, n = time.process_time(), 0
                     for u in urls:
@@ -378,15 +384,17 @@ def part_checks(shards, total, augment, args, tmp) -> None:
                                 n += len(chunk)
                     return n / 1e6 / (time.process_time() - t)
                 finally:
-                    remote._Body = new_body
+                    remote._Body, remote._opener_with_deadline = new_body, new_opener
             return run
 
         print("\n## checks: streaming every shard over http (MB per CPU-second of the reader)")
-        table(_alternate({"readinto (before)": stream(_ReadintoBody),
-                          "read1 + rate check (issue 35)": stream(new_body)}, args.rounds * 2),
+        table(_alternate({"readinto (before)": stream(_ReadintoBody, lambda: plain),
+                          "readinto1 + deadline + rate (issue 35)": stream(new_body, new_opener)},
+                         args.rounds * 2),
               "readinto (before)")
     finally:
         ShardCache._pin, remote._Body, remote._open_local = new_pin, new_body, new_local
+        remote._opener_with_deadline = new_opener
         proc.kill()
         proc.wait()
 
