@@ -20,12 +20,10 @@ import os
 import re
 from typing import Any, Iterator, Optional, Sequence, Union
 
-from webdataset.shardlists import expand_urls
-from webdataset.tariterators import base_plus_ext
-
 from . import remote
 from .errors import SampleError, ShardFormatError
 from .safe_open import open_regular
+from .shard_urls import base_plus_ext, expand_urls
 from .tar_reader import Member, TarReader
 
 __all__ = ["expand_shards", "shard_samples", "count_samples", "count_shard",

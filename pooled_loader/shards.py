@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 from .errors import ClassMismatchError, ShardFormatError
 from . import remote
 from .file_index import list_image_folder
+from .progress import progress_bar
 from .shard_index import write_index
 from .shard_samples import expand_shards
 from .tar_reader import TarReader
@@ -67,8 +68,6 @@ def write_shards(
     ``seed`` fixes the sample order (``None``: sorted class/file order); ``include_hidden`` is
     passed to ``list_image_folder`` (as ``ImageFolder`` takes it). Returns the shard paths.
     """
-    from tqdm import tqdm
-
     if per_shard < 1:
         raise ValueError(f"per_shard must be >= 1, got {per_shard}")
     try:
@@ -90,7 +89,7 @@ def write_shards(
         os.makedirs(out_dir, exist_ok=True)
     classes = json.dumps(index.classes).encode()
     written: list[str] = []
-    bar = tqdm(total=len(order), disable=not progress, unit="img", desc="shards")
+    bar = progress_bar(total=len(order), disable=not progress, unit="img", desc="shards")
     try:
         for start in range(0, len(order), per_shard):
             path = out_pattern % len(written)

@@ -38,6 +38,7 @@ import torch
 
 from .constants import BOTTLENECK_WAIT_SHARE, DEFAULT_POOL_EXTRA_SLOTS, DEFAULT_PREFETCH_FACTOR
 from .loader import PooledLoader
+from .progress import progress_bar
 from .tune_report import format_table, write_plot
 from .tune_search import KNOBS, Setting, confirm, coordinate_descent, recommended_line
 
@@ -296,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm = warm_page_cache(ds, min(len(ds), a.max_batches * max(batch_sizes)), 0.25 * a.budget_s)
     print(f"page cache: read {warm[0]} samples ({warm[1] / 2**20:.0f} MiB) in {warm[2]:.1f} s")
 
-    from tqdm import tqdm
-    bar = tqdm(total=planned, desc="tune", unit="trial", disable=a.quiet, file=sys.stderr)
+    bar = progress_bar(total=planned, desc="tune", unit="trial", disable=a.quiet, file=sys.stderr)
     t_start = time.perf_counter()
     best_rate = [0.0]
 
@@ -398,8 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(result, f, indent=1)
     step = (f", simulated step {a.simulate_step_ms:g} ms / {start.batch_size} images"
             if step_s else "")
-    write_plot(trials, best, png_path, f"{dataset_info['kind']} {len(ds)} samples, "
-               f"{a.cpus} CPUs{step}")
+    plotted = write_plot(trials, best, png_path, f"{dataset_info['kind']} {len(ds)} samples, "
+                         f"{a.cpus} CPUs{step}")
+    if not plotted:
+        print(f"{png_path} not written: the plot needs matplotlib "
+              "(pip install 'pooled-loader[tools]')", file=sys.stderr)
 
     print(format_table(trials, best))
     print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']} "
@@ -412,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("loader.report() of that trial (warm-up included):\n" + best["report"])
     for n in notes:
         print(f"note: {n}")
-    print(f"\nwrote {json_path} and {png_path}\n\npaste:\n    {line}")
+    written = f"{json_path} and {png_path}" if plotted else json_path
+    print(f"\nwrote {written}\n\npaste:\n    {line}")
     return 130 if interrupted else 0
 
 

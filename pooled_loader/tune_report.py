@@ -14,10 +14,14 @@ __all__ = ["write_plot", "format_table"]
 
 
 
-def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
+def write_plot(trials: list[dict], best: dict, path: str, title: str) -> bool:
     """tune.png: images/s per trial, where the time goes (worker busy/idle, consumer wait) and
-    the workers' milliseconds per sample in each stage (getitem, decode, crop_resize, ...)."""
-    import matplotlib
+    the workers' milliseconds per sample in each stage (getitem, decode, crop_resize, ...).
+    False (nothing written) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -58,6 +62,7 @@ def write_plot(trials: list[dict], best: dict, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def _plot_stages(ax: Any, trials: list[dict], x: list[int]) -> None:

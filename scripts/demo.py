@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,12 +33,20 @@ def main(argv: list[str] | None = None) -> int:
         make_dataset(args.data, n=args.n, classes=10, seed=0)
         open(marker, "w").close()
     print("\n== Image pipeline: decode + RandomResizedCrop(224) + flip -> uint8 CHW ==", flush=True)
-    bench_images.main(["--data", args.data, "--only", "ours,torch_pil", "--epochs", "3",
-                       "--batch", str(args.batch), "--workers", str(args.workers)])
+    status = bench_images.main(["--data", args.data, "--only", "ours,torch_pil", "--epochs", "3",
+                                "--batch", str(args.batch), "--workers", str(args.workers),
+                                "--require", "ours"])
+    if status:
+        return status  # PooledLoader could not run: bench_images printed why, on one line
     print("\n== Transport only: precomputed 224x224x3 uint8 samples ==", flush=True)
-    bench.main(["--samples", "4096", "--rounds", "1", "--batch", str(args.batch),
-                "--workers", str(args.workers)])
-    return 0
+    try:
+        return bench.main(["--samples", "4096", "--rounds", "1", "--batch", str(args.batch),
+                           "--workers", str(args.workers)])
+    except subprocess.CalledProcessError as exc:
+        lines = (exc.stderr or "").strip().splitlines()
+        print(f"error: the transport benchmark failed: {lines[-1] if lines else exc}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from .. import safe_open
 from .._cli import one_line
 from ..errors import WorkerError
 from ..loader import PooledLoader
+from ..progress import progress_bar
 from .fingerprint import SavedRng, digest, fingerprint_info, sample_identity, source_root
 from .format import (
     DATA_START, FORMAT_VERSION, JOURNAL_HEADER_MAX, JOURNAL_VERSION, STATE_BUILDING,
@@ -243,8 +244,7 @@ class _Build:
             extra = {}
         loader = PooledLoader(builder, batch_size=None, sampler=tasks, num_workers=num_workers,
                               collate_fn=collate_as_is, in_order=False, **extra)
-        from tqdm import tqdm
-        bar = tqdm(total=self.count * self.variants, initial=int(self.done.sum()),
+        bar = progress_bar(total=self.count * self.variants, initial=int(self.done.sum()),
                    disable=not progress, desc=f"caching {os.path.basename(self.path)}",
                    unit="rec", smoothing=0.05)
         os.lseek(self.jfd, 0, os.SEEK_END)

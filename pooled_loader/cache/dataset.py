@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ..progress import progress_bar
 from .fingerprint import digest, fingerprint_info, variant_for_epoch
 from .format import (
     PREAMBLE_SIZE, VAR_KINDS, CacheFormatError, CacheIncompleteError, CacheMismatchError,
@@ -287,10 +288,9 @@ class CachedDataset:
         self._ensure_open()
         if dataset is not None:
             self.check_source(dataset)
-        from tqdm import tqdm
         count, variants = self.header["count"], self.header["variants"]
         mv = memoryview(self._mm)
-        for i in tqdm(range(count), disable=not progress, desc="verify", unit="sample"):
+        for i in progress_bar(range(count), disable=not progress, desc="verify", unit="sample"):
             self._check_size()
             for k in range(variants):
                 for lf in self._leaves:

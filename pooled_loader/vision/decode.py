@@ -39,8 +39,15 @@ from contextlib import contextmanager
 from typing import Callable, NamedTuple, Union
 
 import numpy as np
-import simplejpeg
-from PIL import Image, ImageFile, UnidentifiedImageError
+
+_PACKAGE = {"PIL": "pillow", None: "simplejpeg and pillow"}  # import name -> pip name
+try:
+    import simplejpeg
+    from PIL import Image, ImageFile, UnidentifiedImageError
+except ImportError as _missing:  # the `vision` extra is not installed
+    raise ModuleNotFoundError(
+        f"pooled_loader.vision needs {_PACKAGE.get(_missing.name, _missing.name)}, which is not "
+        "installed: pip install 'pooled-loader[vision]'", name=_missing.name) from _missing
 
 from pooled_loader.errors import SampleError
 from pooled_loader.vision import jpeg_markers

@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per loader run")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--require", default="",
+                    help="comma-separated loader names that must run: exit 1 with the reason "
+                         "on one line if one of them could not")
     ap.add_argument("--baseline", default=None,
                     help="another checkout (built), e.g. `git worktree add /tmp/before <commit>`: "
                          "its ours/ours_cached also run, as ours@before / ours_cached@before, "
@@ -230,6 +233,13 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {a.json}")
+    for name in (n.strip() for n in a.require.split(",") if n.strip()):
+        s = summary.get(name)
+        if s is not None and s["status"] != "ok":
+            err = (s.get("error") or "").strip().splitlines()
+            print(f"error: {name} could not run ({s['status']}): {err[-1] if err else 'no reason'}",
+                  file=sys.stderr)
+            return 1
     return 0
 
 
