@@ -71,9 +71,24 @@ def round_up(n: int, to: int = ALIGN) -> int:
     """`n` rounded up to a multiple of `to` (bytes, by default to `ALIGN`)."""
     return (n + to - 1) // to * to
 
+
 MAX_WORLD_SIZE = 1 << 18
 """Ranks. The largest world size a loaded or merged state may name (262,144: above the largest
 training jobs reported, about 100,000 GPUs in 2025). Merging states and re-dealing an epoch cost
 a little per rank (a range list each: about 40 us per rank, so 10 s for a lockstep merge at this
 bound on 2 shared cores, and as much again to load it), so a hostile `world_size` of 10**12 ran
 out of memory after minutes; this bound makes it an error at once."""
+
+REMOTE_MIN_BYTES_PER_S = 1024
+"""Bytes per second. A remote shard's connection that delivers less than this, averaged over the
+time spent waiting on it, is treated as stalled (`remote.ResilientStream`): it is dropped and
+reopened at the byte reached, like a reset, and counts against `retries`. The per-read timeout
+alone lets a server that trickles a byte every few seconds hold a reader forever; 1 KiB/s is far
+below any link worth reading from (a 100 MB shard would take a day). Read when a stream opens,
+so a slower link can lower it here (`pooled_loader.constants.REMOTE_MIN_BYTES_PER_S = ...`)."""
+
+REMOTE_RATE_WINDOW_S = 30.0
+"""Seconds of waiting on a connection (inside reads, not the consumer's time between them)
+before its rate is judged against `REMOTE_MIN_BYTES_PER_S`: a slow start (TCP slow start, a cold
+object store) is not a stall. A trickling server is so dropped after about this long per
+attempt, and the read fails after about `(retries + 1)` times this."""

@@ -11,12 +11,25 @@ Layout of the cache folder (everything is plain files; nothing needs cleaning up
 - ``.<key>.part-<bytes>-<token>``: a download in progress, which reserves ``<bytes>`` of the
   budget from before its first byte is written. Its downloader holds an exclusive ``flock`` on
   it; a part file nobody holds is left over from a killed process and is deleted by the next
-  process that reserves space. A part file becomes ``<key>`` by ``rename`` only once its size
-  (and its SHA-256 when a shard index gives one) is checked, so a shard under its final name is
-  always complete: a ``kill -9`` mid-download leaves only a part file.
+  process that reserves space. A part file becomes ``<key>`` by ``rename`` only once every
+  write's count, its size on disk and (when a shard index gives one) its SHA-256 are checked, so
+  a shard under its final name is always complete: a ``kill -9`` or a full disk mid-download
+  leaves no final name (a full disk: no part file either, and an ``OSError`` naming the folder).
 - ``.locks/<key>``: the shard's download lock (exclusive ``flock`` while one process downloads
-  it; the others wait, then find it cached). ``.budget.lock``: held while space is reserved,
-  shards are evicted or a download is renamed into place.
+  it; the others wait, then find it cached) and its record: the device, inode, size and SHA-256
+  of the file renamed into place. ``.budget.lock``: held while space is reserved, shards are
+  evicted or a download is renamed into place.
+
+**The cache owns only what it wrote.** ``cache_dir`` may hold other files (local shards, a
+README, folders): a file counts as the cache's, towards the budget and for eviction, only if
+its name is a key's, it is a regular file of this user with one link, and its record names its
+inode and size; all of that is checked again, on the open file, before each eviction. Anything
+else is never counted, served or deleted (a file of an earlier version's cache, which had no
+records, is left for the user to delete). A cached copy is served only if it passes the same
+checks and matches the index's size and SHA-256 when one is given; a link, FIFO or device
+planted at a key's name is never opened (``O_NOFOLLOW|O_NONBLOCK``), only replaced by the next
+download's ``rename``. Lock files are opened the same way (a planted link there is an
+``UnsafeFileError`` naming it).
 
 The rules:
 
@@ -43,11 +56,12 @@ The rules:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
-import secrets
+import stat
 import threading
 import time
 import urllib.parse
@@ -58,6 +72,8 @@ from typing import Iterator, Optional, Union
 
 from . import remote
 from .errors import SampleError
+from .safe_open import (UnsafeFileError, create_exclusive, open_own, open_regular,
+                        open_regular_stat, write_all)
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
@@ -65,7 +81,10 @@ COPY_CHUNK = 1 << 18  # written as it arrives (an HTTP read blocks until its buf
 MAX_PREFETCH_THREADS = 4  # concurrent background downloads per process, whatever prefetch_shards
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_PART = re.compile(r"^\.(.+)\.part-(\d+)-[0-9a-f]+$")
+_KEY = re.compile(r"^[0-9a-f]{16}-[A-Za-z0-9._-]{1,80}$")  # what cache_key() makes, only that
+_PART = re.compile(r"^\.([0-9a-f]{16}-[A-Za-z0-9._-]{1,80})\.part-(\d{1,20})-[0-9a-f]{12}$")
+RECORD_BYTES = 256  # a record is one short line: device, inode, size, SHA-256
+_RECORD = re.compile(r"(\d{1,20}) (\d{1,20}) (\d{1,20}) ([0-9a-f]{64})\n")
 
 
 def parse_bytes(value: Union[int, str], what: str = "cache_limit") -> int:
@@ -99,18 +118,26 @@ def is_cacheable(url: str) -> bool:
     return "://" in url and not url.startswith(("file://", "pipe:"))
 
 
-def _touch(path: str) -> None:
-    """Set ``path``'s mtime, the LRU clock, to now (explicitly: the kernel's own "now" for
-    utime is only as fine as its timer tick, so two opens a millisecond apart could tie)."""
+def _touch(fd: int) -> None:
+    """Set the open file's mtime, the LRU clock, to now (through the descriptor, so never a
+    link's target; explicitly: the kernel's own "now" for utime is only as fine as its timer
+    tick, so two opens a millisecond apart could tie)."""
     now = time.time_ns()
-    os.utime(path, ns=(now, now))
+    os.utime(fd, ns=(now, now))
 
 
 @contextlib.contextmanager
-def _flocked(path: str, mode: int) -> Iterator[Optional[int]]:
-    """An flock on ``path`` (created if missing) while inside; yields None if ``mode`` has
-    LOCK_NB and the lock is taken."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+def _flocked(path: str, mode: int, *, create: bool = True,
+             writable: bool = False) -> Iterator[Optional[int]]:
+    """An flock on ``path`` while inside: a lock file (created if missing, ``0o644``), or with
+    ``create=False`` an existing cache entry. Either must be a regular file of this user with
+    one link, never followed through a link (``UnsafeFileError`` naming it otherwise); yields
+    None if ``mode`` has LOCK_NB and the lock is taken."""
+    if create:
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CREAT
+        fd = open_own(path, flags, 0o644, what="shard cache lock file")
+    else:
+        fd = open_regular(path, own=True, what="shard cache entry")
     try:
         try:
             fcntl.flock(fd, mode)
@@ -120,6 +147,15 @@ def _flocked(path: str, mode: int) -> Iterator[Optional[int]]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _same_file(path: str, st: os.stat_result) -> bool:
+    """Whether ``path`` (not followed) is still the file ``st`` describes."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
 
 
 class CachedShard:
@@ -143,6 +179,14 @@ class CachedShard:
         self.close()
 
 
+def _check_own_dir(path: str) -> None:
+    """Refuse a cache subfolder that is a link or not this user's (lock files would go there)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise UnsafeFileError(errno.EPERM, "the shard cache's lock folder is a link or not a "
+                              "folder of this user: refusing to use it; remove it", path)
+
+
 class ShardCache:
     """Shards of remote URLs kept in ``cache_dir`` under a byte budget ``limit`` (None: no
     budget); see the module docstring for the rules. Safe to share between processes and
@@ -154,10 +198,14 @@ class ShardCache:
         self.limit = None if limit is None else parse_bytes(limit)
         self.retries, self.backoff_s = retries, backoff_s
         os.makedirs(os.path.join(self.dir, ".locks"), exist_ok=True)
+        _check_own_dir(os.path.join(self.dir, ".locks"))
         self._budget_lock = os.path.join(self.dir, ".budget.lock")
         # Per process: hits, downloads, bypass (streamed, not cached), evictions, bytes.
         self.stats: Counter = Counter()
         self._warned: set[str] = set()
+        # key -> the record last read: a record changes only with the file it names (a new
+        # download is a new inode), so while the file is that one it need not be read again.
+        self._known: dict[str, tuple[int, int, int, str]] = {}
 
     def path(self, url: str) -> str:
         return os.path.join(self.dir, cache_key(url))
@@ -168,22 +216,27 @@ class ShardCache:
         """The cached shard of ``url``, downloaded first if needed, pinned until closed; or
         None when it is not cached (does not fit the budget now, size unknown, or ``wait=False``
         and another thread or process is downloading it). ``size``/``sha256`` (from a shard
-        index) are checked on download. Raises ``RemoteReadError``/``SampleError`` naming the
-        URL when the download fails or does not match."""
-        path = self.path(url)
-        shard = self._pin(url, path, size)
+        index) are checked on download, and against a cached copy's record when it is opened.
+        Raises ``RemoteReadError``/``SampleError`` naming the URL when the download fails or
+        does not match, ``OSError`` (ENOSPC) naming the folder when the disk is full."""
+        key = cache_key(url)
+        path = os.path.join(self.dir, key)
+        shard = self._pin(url, key, path, size, sha256, locked=False)
         if shard is not None:
             self.stats["hits"] += 1
             return shard
-        lock = os.path.join(self.dir, ".locks", cache_key(url))
-        with _flocked(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)) as fd:
+        lock = os.path.join(self.dir, ".locks", key)
+        with _flocked(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB),
+                      writable=True) as fd:
             if fd is None:
                 return None
-            shard = self._pin(url, path, size)  # another process may have fetched it meanwhile
+            # Another process may have fetched it meanwhile; a copy that fails its checks now
+            # (the download lock is held: nobody is replacing it) is dropped.
+            shard = self._pin(url, key, path, size, sha256, locked=True)
             if shard is not None:
                 self.stats["hits"] += 1
                 return shard
-            shard = self._download(url, path, size, sha256)
+            shard = self._download(url, path, size, sha256, fd)
         self.stats["downloads" if shard is not None else "bypass"] += 1
         return shard
 
@@ -202,44 +255,91 @@ class ShardCache:
         with shard:
             yield shard.path
 
-    def _pin(self, url: str, path: str, size: Optional[int]) -> Optional[CachedShard]:
+    def _pin(self, url: str, key: str, path: str, size: Optional[int], sha256: Optional[str],
+             *, locked: bool) -> Optional[CachedShard]:
+        """``path`` pinned (a shared flock) if it is the copy this cache renamed into place
+        (its record names its inode and size) and matches ``size``/``sha256``; else None.
+        Never opens a link, FIFO or device (a planted one is warned about and left for the
+        download's rename to replace); with ``locked`` a copy of ours that fails is dropped."""
         while True:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd, st = open_regular_stat(path, own=True, what="cached shard")
             except FileNotFoundError:
                 return None
+            except UnsafeFileError as e:
+                self._warn_once(url, f"{path}: {e.strerror}: not used; the shard is fetched "
+                                     "again")
+                return None
             fcntl.flock(fd, fcntl.LOCK_SH)
-            st = os.fstat(fd)
-            try:
-                now = os.stat(path)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+            if _same_file(path, st):
                 break
             os.close(fd)  # evicted (or replaced) between open and lock: look again
         try:
-            if size is not None and st.st_size != size:
-                os.close(fd)
-                self._drop(path, f"{st.st_size} bytes, the shard index says {size}")
-                return None
-            _touch(path)
+            why = self._mismatch(key, st, size, sha256)
+            if why is None:
+                _touch(fd)
+                return CachedShard(url, path, fd)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            os.close(fd)
             raise
-        return CachedShard(url, path, fd)
+        os.close(fd)
+        if locked:
+            if why.startswith("not the copy"):  # not ours to delete: the rename replaces it
+                self._warn_once(url, f"{path} is {why}: not used; the shard is fetched again")
+            else:
+                self._drop(path, st, why)
+        return None
 
-    def _drop(self, path: str, why: str) -> None:
-        with _flocked(self._budget_lock, fcntl.LOCK_EX), \
-                _flocked(path, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
-            if fd is not None:
-                warnings.warn(f"shard cache: {path} has {why}: downloading it again",
-                              RuntimeWarning, stacklevel=3)
-                os.unlink(path)
+    def _mismatch(self, key: str, st: os.stat_result, size: Optional[int],
+                  sha256: Optional[str]) -> Optional[str]:
+        """Why the cached file ``st`` of ``key`` must not be served, or None."""
+        rec = self._known.get(key)
+        if rec is None or rec[:3] != (st.st_dev, st.st_ino, st.st_size):
+            rec = self._record(key)  # read again: another process may have fetched it anew
+            if rec is not None:
+                self._known[key] = rec
+        if rec is None or rec[:2] != (st.st_dev, st.st_ino):
+            return "not the copy this cache downloaded (no record of it in .locks/)"
+        if st.st_size != rec[2]:
+            return f"{st.st_size} bytes where {rec[2]} were downloaded (changed since)"
+        if size is not None and st.st_size != size:
+            return f"{st.st_size} bytes, the shard index says {size}"
+        if sha256 is not None and rec[3] != sha256:
+            return f"SHA-256 {rec[3]} at download, the shard index says {sha256}"
+        return None
+
+    def _record(self, key: str) -> Optional[tuple[int, int, int, str]]:
+        """``(device, inode, size, sha256)`` of the file this cache renamed into place as
+        ``key``, from ``.locks/KEY``; None if there is none (or it is not one of ours)."""
+        try:
+            fd = open_regular(os.path.join(self.dir, ".locks", key), own=True,
+                              max_bytes=RECORD_BYTES, what="shard cache record")
+        except (FileNotFoundError, UnsafeFileError):
+            return None
+        try:
+            line = os.read(fd, RECORD_BYTES).decode("ascii", "replace")
+        finally:
+            os.close(fd)
+        m = _RECORD.fullmatch(line)
+        if m is None:
+            return None
+        return int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4)
+
+    def _drop(self, path: str, st: os.stat_result, why: str) -> None:
+        """Delete our copy ``path`` (the file ``st``) unless a reader has it open."""
+        with _flocked(self._budget_lock, fcntl.LOCK_EX):
+            try:
+                with _flocked(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False) as fd:
+                    if fd is not None and _same_file(path, st):
+                        warnings.warn(f"shard cache: {path} has {why}: downloading it again",
+                                      RuntimeWarning, stacklevel=4)
+                        os.unlink(path)
+            except (FileNotFoundError, UnsafeFileError):
+                pass
 
     # -- downloading -------------------------------------------------------------------------
-    def _download(self, url: str, path: str, size: Optional[int],
-                  sha256: Optional[str]) -> Optional[CachedShard]:
+    def _download(self, url: str, path: str, size: Optional[int], sha256: Optional[str],
+                  lock_fd: int) -> Optional[CachedShard]:
         stream = remote.open_shard(url, retries=self.retries, backoff_s=self.backoff_s)
         part_fd, part = -1, ""
         try:
@@ -259,20 +359,27 @@ class ShardCache:
             with _flocked(self._budget_lock, fcntl.LOCK_EX):
                 if not self._make_room(total):
                     return None
-                part = os.path.join(self.dir, f".{cache_key(url)}.part-{total}-"
-                                              f"{secrets.token_hex(6)}")
-                part_fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                part_fd, part = create_exclusive(self.dir, f".{cache_key(url)}.part-{total}-")
                 fcntl.flock(part_fd, fcntl.LOCK_EX)  # held: this download is alive
-            digest = self._copy(stream, part_fd, url, total, sha256 is not None)
+            digest = self._copy(stream, part_fd, url, total, part)  # always hashed: recorded
             if sha256 is not None and digest != sha256:
                 raise SampleError(f"shard {url}: SHA-256 {digest} does not match its shard "
                                   f"index ({sha256}): the index is stale or the server's copy "
                                   "differs; rebuild the index")
+            st = os.fstat(part_fd)
+            if st.st_size != total:  # every write was counted; this is the last word
+                raise SampleError(f"shard {url}: {st.st_size} of {total} bytes on disk in "
+                                  f"{part}")
+            line = f"{st.st_dev} {st.st_ino} {total} {digest}\n".encode()
+            os.ftruncate(lock_fd, 0)
+            if os.pwrite(lock_fd, line, 0) != len(line):
+                raise OSError(errno.ENOSPC, "short write of the shard's record",
+                              os.path.join(self.dir, ".locks", cache_key(url)))
             with _flocked(self._budget_lock, fcntl.LOCK_EX):
                 os.rename(part, path)
                 part = ""
                 fcntl.flock(part_fd, fcntl.LOCK_SH)  # pinned before anyone may evict it
-                _touch(path)
+                _touch(part_fd)
             shard, part_fd = CachedShard(url, path, part_fd), -1
             self.stats["bytes"] += total
             return shard
@@ -284,9 +391,8 @@ class ShardCache:
             if part_fd >= 0:
                 os.close(part_fd)
 
-    @staticmethod
-    def _copy(stream, fd: int, url: str, total: int, hashed: bool) -> Optional[str]:
-        h = hashlib.sha256() if hashed else None
+    def _copy(self, stream, fd: int, url: str, total: int, part: str) -> str:
+        h = hashlib.sha256()
         done = 0
         buf = bytearray(COPY_CHUNK)
         view = memoryview(buf)
@@ -296,13 +402,19 @@ class ShardCache:
                 break
             if done + n > total:
                 raise SampleError(f"shard {url}: more than the {total} bytes announced")
-            os.write(fd, view[:n])
-            if h is not None:
-                h.update(view[:n])
+            try:
+                write_all(fd, view[:n], part)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise OSError(e.errno, f"shard cache: no space left in {self.dir} for {url} "
+                              f"({done} of {total} bytes written; nothing kept): free space "
+                              "there or set cache_limit below the free space", part) from e
+            h.update(view[:n])
             done += n
         if done != total:
             raise SampleError(f"shard {url}: got {done} of {total} bytes")
-        return h.hexdigest() if h is not None else None
+        return h.hexdigest()
 
     def _warn_once(self, url: str, what: str) -> None:
         if url not in self._warned:
@@ -311,30 +423,42 @@ class ShardCache:
 
     # -- the budget (callers hold the budget lock) -------------------------------------------
     def usage(self) -> int:
-        """Bytes held: complete shards plus the reservations of live downloads."""
+        """Bytes held: this cache's complete shards plus the reservations of live downloads."""
         return sum(size for _, size, _ in self._entries())
 
+    def _owns(self, name: str, st: os.stat_result) -> bool:
+        """Whether ``name`` (``st``, not followed) is a complete shard this cache wrote: a key's
+        name, a regular file of this user with one link, and its record names it."""
+        if not (_KEY.match(name) and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+                and st.st_uid == os.geteuid()):
+            return False
+        rec = self._record(name)
+        return rec is not None and rec[:3] == (st.st_dev, st.st_ino, st.st_size)
+
     def _entries(self) -> list[tuple[str, int, float]]:
-        """(path, bytes, mtime) of complete shards, and (part, reserved, inf) of live
-        downloads; deletes part files left over by killed processes."""
+        """(path, bytes, mtime) of this cache's complete shards, and (part, reserved, inf) of
+        live downloads; deletes part files left over by killed processes. Any other file or
+        folder in ``cache_dir`` is not the cache's: never counted, never deleted."""
         out = []
         for entry in os.scandir(self.dir):
-            if not entry.is_file(follow_symlinks=False):
-                continue
             m = _PART.match(entry.name)
             if m is None:
-                if not entry.name.startswith("."):  # keys never start with a dot; locks do
+                if _KEY.match(entry.name):
                     try:
-                        st = entry.stat()
+                        st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    out.append((entry.path, st.st_size, st.st_mtime))
+                    if self._owns(entry.name, st):
+                        out.append((entry.path, st.st_size, st.st_mtime))
                 continue
-            with _flocked(entry.path, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
-                if fd is not None:  # nobody downloads into it: its process died
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                    continue
+            try:
+                with _flocked(entry.path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False) as fd:
+                    if fd is not None:  # nobody downloads into it: its process died
+                        if _same_file(entry.path, os.fstat(fd)):
+                            os.unlink(entry.path)
+                        continue
+            except (FileNotFoundError, UnsafeFileError):
+                continue
             out.append((entry.path, int(m.group(2)), float("inf")))
         return out
 
@@ -348,20 +472,29 @@ class ShardCache:
         for path, size, mtime in entries:
             if used + nbytes <= self.limit or mtime == float("inf"):
                 break
-            with _flocked(path, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
-                if fd is None:
-                    continue  # pinned: a reader has it open
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue
-            used -= size
-            self.stats["evictions"] += 1
+            if self._evict(path):
+                used -= size
+                self.stats["evictions"] += 1
         return used + nbytes <= self.limit
+
+    def _evict(self, path: str) -> bool:
+        """Delete ``path`` if it is still this cache's shard (checked again, on the open file)
+        and no reader has it open."""
+        try:
+            with _flocked(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False) as fd:
+                if fd is None:
+                    return False  # pinned: a reader has it open
+                st = os.fstat(fd)
+                if not (self._owns(os.path.basename(path), st) and _same_file(path, st)):
+                    return False
+                os.unlink(path)
+                return True
+        except (FileNotFoundError, UnsafeFileError):
+            return False
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["stats"], state["_warned"] = Counter(), set()
+        state["stats"], state["_warned"], state["_known"] = Counter(), set(), {}
         return state
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import remote
 from .errors import SampleError, ShardFormatError
+from .safe_open import open_regular
 from .shard_urls import base_plus_ext, expand_urls
 from .tar_reader import Member, TarReader
 
@@ -117,6 +118,12 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
         stream.close()
 
 
+def _open_tar(path: str) -> Any:
+    """A local tar opened for reading, if it is a regular file (a FIFO would block in open(),
+    a link to /dev/zero never end): ``UnsafeFileError`` naming it otherwise."""
+    return os.fdopen(open_regular(path, follow=True, what="local shard"), "rb")
+
+
 def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
     """Count a local tar's samples from its headers alone, grouping names exactly as
     ``webdataset.tariterators.group_by_keys`` does. Returns ``(count, error)``; on a truncated or
@@ -124,7 +131,7 @@ def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
     when the read fails is lost)."""
     count, last = 0, None
     try:
-        with open(path, "rb") as f:
+        with _open_tar(path) as f:
             for info in TarReader(f, path):  # checks that each member lies inside the file
                 if _not_a_sample_file(info):
                     continue
@@ -141,7 +148,7 @@ def local_sample_offset(path: str, n: int) -> Optional[int]:
     is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
     count, last = 0, None
     try:
-        with open(path, "rb") as f:
+        with _open_tar(path) as f:
             for info in TarReader(f, path):
                 if _not_a_sample_file(info):
                     continue

@@ -21,9 +21,12 @@ batches of spans, i.e. about ``batches * batch_size * 3`` events.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 from typing import Any
+
+from .safe_open import create_exclusive
 
 DEFAULT_TRACE_BATCHES = 64
 """Batches. The ring of ``PooledLoader(trace=...)``: at batch size 256 about 50,000 events,
@@ -92,10 +95,19 @@ class TraceRecorder:
         return events
 
     def write(self) -> str:
-        """Write the file (atomically: a reader never sees half of it); returns its path."""
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"traceEvents": self.events(), "displayTimeUnit": "ms"}, f)
-        os.replace(tmp, self.path)
+        """Write the file (atomically: a reader never sees half of it); returns its path.
+
+        The temporary file is a new one of unpredictable name next to it (``O_EXCL``): a link
+        planted in the folder is never written through, and a write error leaves no file."""
+        folder, name = os.path.split(os.path.abspath(self.path))
+        fd, tmp = create_exclusive(folder, f".{name}.", ".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"traceEvents": self.events(), "displayTimeUnit": "ms"}, f)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self.written = True
         return self.path

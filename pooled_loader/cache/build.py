@@ -18,7 +18,6 @@ import errno
 import fcntl
 import mmap
 import os
-import stat
 import sys
 import time
 import warnings
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import safe_open
 from .._cli import one_line
 from ..errors import WorkerError
 from ..loader import PooledLoader
@@ -363,20 +363,15 @@ class _Build:
 
 def open_own(path: str, flags: int) -> int:
     """``os.open`` of a build file that is not a symlink, and is a regular file of this user
-    with one link; CacheError naming it otherwise."""
+    with one link (``safe_open.open_own``); CacheError naming it otherwise."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
+        return safe_open.open_own(path, flags)
+    except (safe_open.UnsafeFileError, FileExistsError) as e:
         if e.errno not in (errno.ELOOP, errno.EEXIST):
-            raise
+            raise CacheError(f"{path} is not a regular file of yours with one link: refusing "
+                             "to build through it; remove it and run the build again") from None
         raise CacheError(f"{path} is a symlink or appeared during the build: refusing to write "
                          "through it; remove it and run the build again") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
-        os.close(fd)
-        raise CacheError(f"{path} is not a regular file of yours with one link: refusing to "
-                         "build through it; remove it and run the build again")
-    return fd
 
 
 def _short(value: Any, limit: int = 80) -> str:

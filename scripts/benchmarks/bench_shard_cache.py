@@ -21,6 +21,17 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
   a sleep (wall time without CPU, as a GPU-bound step would take).
 - ``global``: shard order (1000-sample buffer) vs ``shuffle="global"``, from local disk and
   from http with the cache (warm), epochs alternating; medians.
+- ``checks`` (issue 35): the cost of the checks added to a cache hit (an ``O_NOFOLLOW|
+  O_NONBLOCK`` open, owner/links/size checks, the record in ``.locks/KEY``, mtime through the
+  descriptor) and to opening a local shard (regular files only), against copies of the paths
+  before them (a plain open, ``flock``, ``stat``, ``utime`` of the path; a plain ``open``); and
+  of HTTP streaming with the header deadline and the minimum rate (one socket read at a time)
+  against ``urllib``'s plain opener and ``HTTPResponse.readinto``. All in the main process,
+  variants alternating per round, rates per CPU-second of the main process
+  (``time.process_time``: other processes' load moves wall-clock rates by more than the effect
+  measured). Hits; global-shuffle reads from the warm cache with one pinned shard
+  (``OPEN_SHARDS = 1``: a shard open for almost every sample, the worst case), with the decode
+  and without it (raw bytes); streaming the shards over ``python -m http.server``.
 - ``lru``: the cache's hit rate with a budget below the dataset's size: measured (server
   requests per epoch, small shards, 2 workers) and simulated (one reader, LRU, the epoch's
   shuffled shard order) for budgets of 20-80% of the shards.
@@ -37,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 
@@ -254,6 +266,139 @@ def _same_order_hits(nshards: int, capacity: int, epochs: int) -> float:
     return hits / reads
 
 
+def _old_pin(self, url, key, path, size, sha256=None, *, locked=False):
+    """The cache-hit path before issue 35 (for ``checks``): no link, FIFO, owner or record
+    check, mtime set through the path."""
+    import fcntl
+
+    from pooled_loader.shard_cache import CachedShard
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        st = os.fstat(fd)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+            break
+        os.close(fd)
+    if size is not None and st.st_size != size:
+        os.close(fd)
+        return None
+    t = time.time_ns()
+    os.utime(path, ns=(t, t))
+    return CachedShard(url, path, fd)
+
+
+def _old_open_local(path, offset, timeout, end=None):
+    """A local shard opened as before issue 35 (for ``checks``): plain ``open``, no fstat check
+    of its kind."""
+    from pooled_loader.remote import _Opened
+    f = open(path, "rb")  # noqa: SIM115 - closed by the stream
+    f.seek(offset)
+    return _Opened(f, os.fstat(f.fileno()).st_size)
+
+
+class _ReadintoBody:
+    """The HTTP body as read before issue 35 (for ``checks``): ``HTTPResponse.readinto``."""
+
+    def __init__(self, resp) -> None:
+        self.readinto = resp.readinto
+
+
+def _alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
+    """{name: [rate per round]}: each round runs every variant once, the order alternating."""
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            rates[name].append(variants[name]())
+    return rates
+
+
+def part_checks(shards, total, augment, args, tmp) -> None:
+    from pooled_loader import global_shuffle, remote
+    from pooled_loader.shard_cache import ShardCache
+    proc, base = start_server(os.path.dirname(shards[0]))
+    new_pin, new_body, new_local = ShardCache._pin, remote._Body, remote._open_local
+    new_opener = remote._opener_with_deadline
+    try:
+        urls = [f"{base}/{os.path.basename(s)}" for s in shards]
+        folder = os.path.join(tmp, "checks")
+        cache = ShardCache(folder)
+        for u in urls:
+            cache.open(u).close()
+
+        def with_pin(pin, fn):
+            """``fn`` run with the hit path ``pin`` (and, for the old one, the old local open)."""
+            def run():
+                ShardCache._pin = pin
+                remote._open_local = new_local if pin is new_pin else _old_open_local
+                try:
+                    return fn()
+                finally:
+                    ShardCache._pin, remote._open_local = new_pin, new_local
+            return run
+
+        def hits(n=3000):
+            t = time.process_time()
+            for i in range(n):
+                cache.open(urls[i % len(urls)]).close()
+            return n / (time.process_time() - t)
+
+        print("\n## checks: cache hits per CPU-second (in-process)")
+        table(_alternate({"before (plain open)": with_pin(_old_pin, hits),
+                          "checked (issue 35)": with_pin(new_pin, hits)}, args.rounds * 3),
+              "before (plain open)")
+
+        global_shuffle.OPEN_SHARDS = 1
+        for label, transform in (("decode + crop", Sample(augment)), ("raw bytes", None)):
+            ds = WebDataset(urls, transform=transform, shuffle="global", cache_dir=folder,
+                            index=True, seed=0)
+
+            def epoch(ds=ds):
+                t = time.process_time()
+                n = sum(1 for _ in ds)
+                return n / (time.process_time() - t)
+
+            print(f"\n## checks: global shuffle from the warm cache, one pinned shard, "
+                  f"{label} (samples per CPU-second, in-process)")
+            table(_alternate({"before (plain open)": with_pin(_old_pin, epoch),
+                              "checked (issue 35)": with_pin(new_pin, epoch)}, args.rounds),
+                  "before (plain open)")
+
+        plain = urllib.request.build_opener()  # what urlopen used before issue 35
+
+        def stream(body, opener):
+            def run():
+                remote._Body, remote._opener_with_deadline = body, opener
+                try:
+                    t, n = time.process_time(), 0
+                    for u in urls:
+                        with remote.open_shard(u) as f:
+                            while chunk := f.read(1 << 20):
+                                n += len(chunk)
+                    return n / 1e6 / (time.process_time() - t)
+                finally:
+                    remote._Body, remote._opener_with_deadline = new_body, new_opener
+            return run
+
+        print("\n## checks: streaming every shard over http (MB per CPU-second of the reader)")
+        table(_alternate({"readinto (before)": stream(_ReadintoBody, lambda: plain),
+                          "readinto1 + deadline + rate (issue 35)": stream(new_body, new_opener)},
+                         args.rounds * 2),
+              "readinto (before)")
+    finally:
+        ShardCache._pin, remote._Body, remote._open_local = new_pin, new_body, new_local
+        remote._opener_with_deadline = new_opener
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True)
@@ -288,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "lru":
                 part_lru(args, tmp)
             else:
-                {"cache": part_cache, "prefetch": part_prefetch, "global": part_global}[name](
+                {"cache": part_cache, "prefetch": part_prefetch, "global": part_global,
+                 "checks": part_checks}[name](
                     shards, total, augment, args, tmp)
         print(f"\n# {time.monotonic() - t0:.0f} s; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
