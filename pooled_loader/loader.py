@@ -275,7 +275,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             raise StateMismatch("PooledLoader.load_state_dict: a merged stream state needs an "
                                 "iterable dataset that loads it (pooled_loader.webdataset)")
         merged = state.get("dataset_state")
-        self.dataset.load_state_dict(merged)  # validates it here, in the main process
+        # Validated here, in the main process, on a copy: the dataset itself must not keep it
+        # as pending (every later epoch's workers would inherit and replay it).
+        copy.copy(self.dataset).load_state_dict(merged)
         streams = {} if state.get("finished") else {
             w: WorkerStream(w, dataset_state=merged) for w in range(max(self.num_workers, 1))}
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())

@@ -383,12 +383,15 @@ class WebDataset(IterableDataset):
         rank, _ = self._current_rank_world()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
         prog = Progress(quota, Position(first), rng, start=(first, skip))
-        if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
+        # a merged or runs state reaches here only from another epoch (see __iter__)
+        runs = resume is not None and resume.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS)
+        if resume is not None and not runs and resume["epoch"] == self.epoch \
+                and resume["position"]:
             wds_state.check_fits(resume, self._config(), quota, len(shards))
             skip = 0
             prog = self._restore(resume, quota, shards, rng)
-        elif resume is not None and resume["epoch"] != self.epoch and resume["position"] and \
-                resume["done"] < resume["quota"]:
+        elif resume is not None and resume["epoch"] != self.epoch and (runs or (
+                resume["position"] and resume["done"] < resume["quota"])):
             warnings.warn(f"WebDataset: the loaded state is from epoch {resume['epoch']} but the "
                           f"dataset is at epoch {self.epoch} (set_epoch after load_state_dict?): "
                           "starting this epoch from its beginning", RuntimeWarning, stacklevel=2)
