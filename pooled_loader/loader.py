@@ -130,6 +130,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                          pin_memory_device=pin_memory_device, in_order=in_order)
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
+        self._starved_checked = False  # warn_if_starved, at the first iter()
         self.pool_slots = pool_slots
         # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
         # same: the loader does the skipping so that batches keep their size.
@@ -419,6 +420,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._check_undistributed = False
             from .distributed import warn_if_undistributed
             warn_if_undistributed(True, self.sampler, self.batch_sampler)
+        if not self._starved_checked:
+            self._starved_checked = True
+            from .distributed import warn_if_starved
+            warn_if_starved(self.dataset, self.sampler, self._index_sampler,
+                            num_workers=self.num_workers, batch_size=self.batch_size,
+                            drop_last=self.drop_last)
         if self.num_workers == 0:
             it: Iterator = InProcessIter(self._epoch_spec())
         else:

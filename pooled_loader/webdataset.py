@@ -83,7 +83,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import global_shuffle, remote, wds_elastic, wds_plan, wds_state
-from .distributed import rank_and_world
+from .distributed import empty_rank_message, rank_and_world
 from .errors import SampleError
 from .shard_cache import Prefetcher, ShardCache
 from .shard_index import load_index
@@ -212,6 +212,15 @@ class WebDataset(IterableDataset):
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
             samples_per_epoch = sum(self.shard_sizes)
         self.samples_per_epoch = int(samples_per_epoch)
+        self._empty_warned = False
+        self._warn_if_empty()
+
+    def _warn_if_empty(self) -> None:
+        """Once: every rank would read nothing (too few samples for the world size)."""
+        message = empty_rank_message(self.samples_per_epoch, len(self.urls), self._rank_world[1])
+        if message is not None and not self._empty_warned:
+            self._empty_warned = True
+            warnings.warn(f"WebDataset: {message}", UserWarning, stacklevel=3)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -219,6 +228,7 @@ class WebDataset(IterableDataset):
         self.epoch = int(epoch)
         if get_worker_info() is None:  # a spawned worker cannot see the process group
             self._rank_world = rank_and_world()
+            self._warn_if_empty()
 
     def _worker(self) -> tuple[int, int]:
         info = get_worker_info()

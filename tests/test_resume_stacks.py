@@ -103,3 +103,56 @@ def test_epochs_after_an_elastic_webdataset_resume_run_as_uninterrupted(shards, 
         assert ids(resumed) == truth
     assert len(before + after) == len(set(before + after)), "a sample was read twice"
     assert 47 - len(set(before + after)) < old + new * 2  # only what the splits leave unseen
+
+
+# -- point 7: a rank or worker left with no data says so ----------------------------------------
+def test_a_webdataset_too_small_for_its_ranks_warns_naming_the_counts(tmp_path, monkeypatch):
+    make_shards(str(tmp_path), [3])
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.warns(UserWarning, match=r"3 samples in 1 shard\(s\) over 4 rank\(s\): every "
+                                         r"rank reads 0 samples"):
+        ds = WebDataset(str(tmp_path), transform=sample_id)
+    assert len(ds) == 0 and list(PooledLoader(ds, batch_size=2, num_workers=2)) == []
+
+
+def test_workers_left_without_samples_warn_in_the_main_process(tmp_path, monkeypatch):
+    make_shards(str(tmp_path), [3])
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = PooledLoader(WebDataset(str(tmp_path), transform=sample_id), batch_size=2,
+                          num_workers=2)
+    with pytest.warns(UserWarning, match=r"3 samples in 1 shard\(s\) over 2 rank\(s\), 1 per "
+                                         r"rank, and 2 workers per rank: 1 worker\(s\) of each "
+                                         r"rank read nothing. Use num_workers=1"):
+        assert ids(loader) == [0]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loader = PooledLoader(WebDataset(str(tmp_path), transform=sample_id), batch_size=2,
+                          num_workers=2, drop_last=True)
+    with warnings.catch_warnings():  # pieces of 2 and 1: one batch is kept, no warning
+        warnings.simplefilter("error", UserWarning)
+        assert ids(loader) == [0, 1]
+    loader = PooledLoader(WebDataset(str(tmp_path), transform=sample_id), batch_size=4,
+                          num_workers=2, drop_last=True)
+    with pytest.warns(UserWarning, match=r"with batch_size=4 and drop_last=True every worker's "
+                                         r"batch is dropped \(0 batches\)"):
+        assert ids(loader) == []
+
+
+def test_map_style_ranks_and_batches_left_empty_by_drop_last_warn(monkeypatch):
+    from resume_datasets import Noisy
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    loader = PooledLoader(Noisy(3), batch_size=2, distributed=True, drop_last=True)
+    with pytest.warns(UserWarning, match=r"3 samples over 4 rank\(s\) with drop_last=True: every "
+                                         r"rank gets 3 // 4 = 0 samples"):
+        assert list(loader) == []
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.warns(UserWarning, match=r"3 samples: with batch_size=4 and drop_last=True the "
+                                         r"epoch has 0 batches"):
+        assert list(PooledLoader(Noisy(3), batch_size=4, drop_last=True, num_workers=1)) == []
+    with warnings.catch_warnings():  # padded by repetition: every rank has a sample
+        warnings.simplefilter("error", UserWarning)
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        assert len(list(PooledLoader(Noisy(3), batch_size=2, distributed=True))) == 1
