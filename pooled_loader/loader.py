@@ -247,6 +247,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if state == {}:  # torchdata's convention: nothing to restore
             self._resume = self._resume_raw = None
             return
+        from .sdl_compat import from_sdl, is_sdl_state
+        if is_sdl_state(state):  # a torchdata StatefulDataLoader checkpoint
+            state = from_sdl(state, self)
         from .elastic import is_merged
         if is_merged(state) and state.get("iterable"):
             self._load_merged_streams(state)

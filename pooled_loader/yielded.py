@@ -16,9 +16,10 @@ import copy
 from typing import Any
 
 from .errors import StateMismatch
-from .state_keys import (FETCHER_ENDED, FETCHER_STATE, ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID,
-                         MAIN_SNAPSHOT,
-                         POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP, WORKER_SNAPSHOTS)
+from .state_keys import (DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED, FETCHER_STATE,
+                         INDEX_SAMPLER_STATE, ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID,
+                         MAIN_SNAPSHOT, NUM_WORKERS, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
+                         SNAPSHOT_STEP, WORKER_ID, WORKER_SNAPSHOTS)
 
 __all__ = ["NUM_YIELDED", "expose", "honour_adjustment"]
 
@@ -29,11 +30,34 @@ SAMPLER_YIELDED = SAMPLER_ITER_YIELDED
 WRITTEN = "top_level_num_yielded"  # in "_pooled": the count as we wrote it
 
 
+# StatefulDataLoader's keys that tools read and ours does not use: in `_main_snapshot`, and with
+# 0 workers at the top level (its single-process layout), where tools look for them.
+SAMPLER_ITER_STATE, SHARED_SEED, LEN_CALLED = ("_sampler_iter_state", "_shared_seed",
+                                               "_IterableDataset_len_called")
+
+
 def expose(state: dict) -> dict:
-    """`state` with the delivered batch count (and sampler items) at its top level."""
+    """`state` with the delivered batch count (and sampler items) at its top level, and every
+    key of StatefulDataLoader's layout present: an entry per worker in `_worker_snapshots`, and
+    with 0 workers the single-process layout's top-level keys (the same values as inside)."""
     snap = state[SNAPSHOT]
+    main = snap[MAIN_SNAPSHOT]
     state[NUM_YIELDED] = state[POOLED][WRITTEN] = snap[SNAPSHOT_STEP]
-    state[SAMPLER_YIELDED] = snap[MAIN_SNAPSHOT][SAMPLER_ITER_YIELDED]
+    state[SAMPLER_YIELDED] = main[SAMPLER_ITER_YIELDED]
+    for key in (SAMPLER_ITER_STATE, SHARED_SEED, LEN_CALLED):
+        main.setdefault(key, None)
+    workers = snap[WORKER_SNAPSHOTS]
+    for w in range(max(main[NUM_WORKERS], 1)):  # a worker that has delivered nothing yet
+        workers.setdefault(f"worker_{w}", {
+            WORKER_ID: w, DATASET_STATE: None,
+            FETCHER_STATE: {DATASET_ITER_STATE: None, FETCHER_ENDED: False},
+            "items": 0, "items_since_snapshot": 0, "batches": 0})
+    if main[NUM_WORKERS] == 0:
+        only = workers["worker_0"]
+        state.update({INDEX_SAMPLER_STATE: main[INDEX_SAMPLER_STATE], SAMPLER_ITER_STATE: None,
+                      SHARED_SEED: None, LEN_CALLED: None, DATASET_STATE: only[DATASET_STATE],
+                      FETCHER_STATE: only[FETCHER_STATE] if state[POOLED].get("iterable")
+                      else None})
     return state
 
 
