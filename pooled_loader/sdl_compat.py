@@ -184,13 +184,19 @@ def _streams(parsed: dict[int, tuple[Any, Any, bool]], *, iterable: bool, per_ba
         taken, last = _turns(0, delivered, workers, set())
     else:
         taken, last = _turns((last + 1) % workers, since, workers, ended)
+    # each worker's share of the delivered batches, as our states count them: those replayed,
+    # plus the batches before the snapshot in turns from worker 0 (not recorded by
+    # StatefulDataLoader: only their sum is checked)
+    before, _ = _turns(0, max(delivered - sum(taken.values()), 0), workers,
+                       ended if len(ended) < workers else set())
     out = {}
     for wid, (ds_state, iter_state, stream_ended) in sorted(parsed.items()):
         items = taken[wid] * per_batch
         out[f"worker_{wid}"] = {
             WORKER_ID: wid, DATASET_STATE: ds_state,
             FETCHER_STATE: {DATASET_ITER_STATE: iter_state, FETCHER_ENDED: stream_ended},
-            "items": items, "items_since_snapshot": items}
+            "items": items, "items_since_snapshot": items,
+            "batches": taken[wid] + before[wid]}
     return out, last
 
 
