@@ -236,3 +236,56 @@ def test_statefuldataloader_states_that_cannot_be_converted_say_why():
     assert state["_snapshot"]["_worker_snapshots"]["worker_0"]["fetcher_state"]["fetcher_ended"]
     with pytest.raises(StateMismatch, match="when it ended is not recorded"):
         PooledLoader(Stream(1), batch_size=1, num_workers=2).load_state_dict(state)
+
+
+def test_distributed_statefuldataloader_states_resume_per_rank_then_on_another_world_size(
+        monkeypatch):
+    """Ranks through RANK/WORLD_SIZE: each rank's StatefulDataLoader state (DistributedSampler,
+    epoch 1) resumes that rank exactly; the states we save after it merge onto 3 ranks, and the
+    epoch is covered once."""
+    from torch.utils.data import DistributedSampler
+
+    from pooled_loader.resume import merge_rank_states
+    n, world = 13, 2
+
+    def sdl(rank):
+        ds = Noisy(n)
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
+        sampler.set_epoch(1)
+        return StatefulDataLoader(ds, batch_size=2, sampler=sampler, num_workers=2)
+
+    def ours(rank, size):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(size))
+        loader = PooledLoader(Noisy(n), batch_size=2, distributed=True, shuffle=True,
+                              num_workers=2)
+        loader.set_epoch(1)
+        return loader
+
+    before, seconds = [], []
+    for rank in range(world):
+        truth = [rows(b) for b in sdl(rank)]
+        loader = sdl(rank)
+        it = iter(loader)
+        before += samples([rows(next(it)) for _ in range(2)])
+        state = torch_roundtrip(loader.state_dict())
+        theirs = sdl(rank)
+        theirs.load_state_dict(state)
+        theirs = [rows(b) for b in theirs]
+        resumed = ours(rank, world)
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        got = [rows(next(it))]
+        before += samples(got)
+        seconds.append(json.loads(json.dumps(resumed.state_dict())))
+        got += [rows(b) for b in it]
+        assert got == theirs  # samples and each worker's draws, as StatefulDataLoader's
+        assert samples(got) == samples(truth[2:])
+    merged = merge_rank_states(seconds)
+    after = []
+    for rank in range(3):
+        loader = ours(rank, 3)
+        loader.load_state_dict(merged)
+        after += samples([rows(b) for b in loader])
+    seen = [i for b in before + after for i in b]
+    assert set(seen) == set(range(n)) and len(seen) - n < world + 3  # padding repeats a few
