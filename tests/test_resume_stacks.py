@@ -156,3 +156,37 @@ def test_map_style_ranks_and_batches_left_empty_by_drop_last_warn(monkeypatch):
         warnings.simplefilter("error", UserWarning)
         monkeypatch.setenv("WORLD_SIZE", "4")
         assert len(list(PooledLoader(Noisy(3), batch_size=2, distributed=True))) == 1
+
+
+# -- point 8: accelerate and HF datasets --------------------------------------------------------
+@pytest.mark.timeout(2 * 240 + 60)
+def test_accelerate_shuffled_resume_in_new_processes_continues_the_saved_epoch(tmp_path):
+    """accelerate's issue 4195 (a resume in new processes replayed epoch 0's permutation at the
+    saved position) and its stale state_dict() right after load_state_dict() (point 8a): 2
+    processes, 0 and 2 workers; the resumed run, and the states saved right after the load and
+    one batch later, give the uninterrupted run's batches."""
+    pytest.importorskip("accelerate")
+    import os
+    import sys
+
+    from ranks import free_port
+    from test_integrations_ranks import HERE, run_ranks
+
+    def launch(phase):
+        run_ranks([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                   "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                   os.path.join(HERE, "ranks_accelerate_resume.py"), phase, str(tmp_path)],
+                  str(tmp_path), files=f"{phase}-rank{{r}}.json")
+    launch("save")
+    launch("resume")
+    for rank in range(2):
+        saved = json.load(open(tmp_path / f"save-rank{rank}.json"))
+        resumed = json.load(open(tmp_path / f"resume-rank{rank}.json"))
+        for workers in ("0", "2"):
+            truth, got = saved[workers], resumed[workers]
+            assert truth["epoch0"] != truth["head"] + truth["rest"]  # epochs differ
+            assert got["rest"] == truth["rest"], (rank, workers)
+            assert got["epoch2"] == truth["epoch2"], (rank, workers)
+            assert got["from_second"] == truth["rest"], (rank, workers)
+            assert got["from_third"] == truth["rest"][1:], (rank, workers)
+            assert got["third_after"] == truth["epoch2"], (rank, workers)
