@@ -131,6 +131,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
         self._starved_checked = False  # warn_if_starved, at the first iter()
+        self._replay_watch: Any = None  # integrations.ReplayWatch, after a load
         self.pool_slots = pool_slots
         # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
         # same: the loader does the skipping so that batches keep their size.
@@ -270,6 +271,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
+        from .integrations import ReplayWatch  # HF datasets replay a loaded state (see there)
+        self._replay_watch = ReplayWatch.after_load(
+            self.dataset, self.num_workers == 0 or self.persistent_workers,
+            any(s.dataset_state is not None for s in resume.streams.values()))
 
     def _load_merged_streams(self, state: dict) -> None:
         """A merged iterable state (WebDataset shards): every worker of this rank loads the same
@@ -312,6 +317,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         _stop(it)
 
     def __iter__(self) -> Iterator:
+        if self._replay_watch is not None and not self._replay_watch.before_pass():
+            self._replay_watch = None
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it

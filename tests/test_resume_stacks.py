@@ -190,3 +190,56 @@ def test_accelerate_shuffled_resume_in_new_processes_continues_the_saved_epoch(t
             assert got["from_second"] == truth["rest"], (rank, workers)
             assert got["from_third"] == truth["rest"][1:], (rank, workers)
             assert got["third_after"] == truth["epoch2"], (rank, workers)
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, True)])
+def test_hf_iterable_resumed_without_set_epoch_warns_and_set_epoch_gives_full_epochs(
+        workers, persistent):
+    """Point 8c: datasets.IterableDataset restarts from a loaded state at every pass of that
+    epoch; kept in one process (0 or persistent workers) every later epoch was the short rest
+    (StatefulDataLoader too). We warn once with the fix, and the fix gives the uninterrupted
+    epochs."""
+    datasets = pytest.importorskip("datasets")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    table = datasets.Dataset.from_dict({"x": list(range(256))}).with_format("torch")
+
+    def make(cls=PooledLoader):
+        return cls(table.to_iterable_dataset(num_shards=4), batch_size=4, num_workers=workers,
+                   persistent_workers=persistent)
+
+    def batches(loader):
+        return [b["x"].tolist() for b in loader]
+    uninterrupted = make()  # set_epoch each epoch, as the fix says
+    truths = []
+    for epoch in range(3):
+        uninterrupted.set_epoch(epoch)
+        truths.append(batches(uninterrupted))
+    truth = truths[0]
+    saver = make()
+    it = iter(saver)
+    for _ in range(61):
+        next(it)
+    state = roundtrip(saver.state_dict())
+    del it
+    sdl = make(StatefulDataLoader)
+    it = iter(sdl)
+    for _ in range(61):
+        next(it)
+    theirs = make(StatefulDataLoader)
+    theirs.load_state_dict(sdl.state_dict())
+    del it
+    assert [len(batches(theirs)) for _ in range(2)] == [3, 3]  # StatefulDataLoader: short
+    loader = make()
+    loader.load_state_dict(state)
+    assert batches(loader) == truth[61:]
+    with pytest.warns(UserWarning, match=r"set_epoch\(epoch\) before each epoch"):
+        assert len(batches(loader)) == 3  # the dataset's own rule, now said
+    fixed = make()
+    fixed.load_state_dict(state)
+    got = []
+    for epoch in range(3):
+        fixed.set_epoch(epoch)
+        got.append(batches(fixed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert got == [truth[61:], *truths[1:]]
