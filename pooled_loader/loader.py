@@ -131,7 +131,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
         self._starved_checked = False  # warn_if_starved, at the first iter()
-        self._replay_watch: Any = None  # integrations.ReplayWatch, after a load
+        self._replay_watch: Any = None  # replay_watch.ReplayWatch, after a load
         self.pool_slots = pool_slots
         # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
         # same: the loader does the skipping so that batches keep their size.
@@ -271,7 +271,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
-        from .integrations import ReplayWatch  # HF datasets replay a loaded state (see there)
+        from .replay_watch import ReplayWatch  # HF datasets replay a loaded state (see there)
         self._replay_watch = ReplayWatch.after_load(
             self.dataset, self.num_workers == 0 or self.persistent_workers,
             any(s.dataset_state is not None for s in resume.streams.values()))
@@ -317,7 +317,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         _stop(it)
 
     def __iter__(self) -> Iterator:
-        if self._replay_watch is not None and not self._replay_watch.before_pass():
+        watch = getattr(self, "_replay_watch", None)  # absent in loaders unpickled from before
+        if watch is not None and not watch.before_pass():
             self._replay_watch = None
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
@@ -430,7 +431,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._check_undistributed = False
             from .distributed import warn_if_undistributed
             warn_if_undistributed(True, self.sampler, self.batch_sampler)
-        if not self._starved_checked:
+        if not getattr(self, "_starved_checked", True):
             self._starved_checked = True
             from .distributed import warn_if_starved
             warn_if_starved(self.dataset, self.sampler, self._index_sampler,
