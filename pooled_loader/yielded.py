@@ -44,14 +44,16 @@ def expose(state: dict) -> dict:
     main = snap[MAIN_SNAPSHOT]
     state[NUM_YIELDED] = state[POOLED][WRITTEN] = snap[SNAPSHOT_STEP]
     state[SAMPLER_YIELDED] = main[SAMPLER_ITER_YIELDED]
-    for key in (SAMPLER_ITER_STATE, SHARED_SEED, LEN_CALLED):
-        main.setdefault(key, None)
+    main[SAMPLER_ITER_STATE] = main[SHARED_SEED] = main[LEN_CALLED] = None
     workers = snap[WORKER_SNAPSHOTS]
-    for w in range(max(main[NUM_WORKERS], 1)):  # a worker that has delivered nothing yet
-        workers.setdefault(f"worker_{w}", {
-            WORKER_ID: w, DATASET_STATE: None,
-            FETCHER_STATE: {DATASET_ITER_STATE: None, FETCHER_ENDED: False},
-            "items": 0, "items_since_snapshot": 0, "batches": 0})
+    count = max(main[NUM_WORKERS], 1)
+    if len(workers) < count:  # a worker that has delivered nothing yet
+        for w in range(count):
+            if f"worker_{w}" not in workers:
+                workers[f"worker_{w}"] = {
+                    WORKER_ID: w, DATASET_STATE: None,
+                    FETCHER_STATE: {DATASET_ITER_STATE: None, FETCHER_ENDED: False},
+                    "items": 0, "items_since_snapshot": 0, "batches": 0}
     if main[NUM_WORKERS] == 0:
         only = workers["worker_0"]
         state.update({INDEX_SAMPLER_STATE: main[INDEX_SAMPLER_STATE], SAMPLER_ITER_STATE: None,
