@@ -44,29 +44,26 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import torch
 from torch.utils.data import BatchSampler
 
 from .errors import StateMismatch
 from .resumable_sampler import ResumableRandomSampler, encode_generator
 from .state_keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED,
                          FETCHER_STATE, FORMAT, INDEX_SAMPLER_STATE, ITERATOR_FINISHED,
-                         LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, POOLED,
-                         SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP, STEPS_SINCE_SNAPSHOT,
-                         WORKER_ID, WORKER_SNAPSHOTS)
+                         LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, NUM_YIELDED, POOLED,
+                         SAMPLER_ITER_STATE, SAMPLER_ITER_YIELDED, SNAPSHOT, SNAPSHOT_STEP,
+                         STEPS_SINCE_SNAPSHOT, WORKER_ID, WORKER_SNAPSHOTS)
 from .stateful import follows_stateful
 
 __all__ = ["is_sdl_state", "from_sdl"]
 
-# StatefulDataLoader's keys that ours does not use itself
-NUM_YIELDED = "_num_yielded"
-SAMPLER_ITER_STATE = "_sampler_iter_state"
-SHARED_SEED = "_shared_seed"
-LEN_CALLED = "_IterableDataset_len_called"
 # inside torchdata's BatchSampler iterator state
 SAMPLES_YIELDED, INNER_STATE, INNER_ITER_STATE = ("samples_yielded", "sampler_state",
                                                   "sampler_iter_state")
 
 _LOAD = "PooledLoader.load_state_dict (a StatefulDataLoader state)"
+MAX_GENERATOR_BYTES = 1 << 16  # a CPU generator's state is 5,056 bytes
 
 
 def is_sdl_state(state: Any) -> bool:
@@ -105,6 +102,17 @@ def _fetcher(entry: Any, path: str) -> tuple[Any, bool]:
     return fetcher.get(DATASET_ITER_STATE), ended
 
 
+def _generator_text(state: Any) -> str:
+    """A saved generator state (a uint8 tensor), checked, as our states' text."""
+    if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1
+            and 0 < state.numel() <= MAX_GENERATOR_BYTES):
+        raise StateMismatch(
+            f"{_LOAD} is corrupt: its RandomSampler's generator state should be a 1-d uint8 "
+            f"tensor of at most {MAX_GENERATOR_BYTES} bytes (Generator.get_state()), got "
+            f"{type(state).__name__}")
+    return encode_generator(state)
+
+
 def _sampler_state(main: dict, index_sampler: Any) -> tuple[Any, bool]:
     """(our sampler state, whether it stands at the snapshot rather than at the pass's start)
     from StatefulDataLoader's sampler states in `main` (the snapshot's, or with 0 workers the
@@ -117,7 +125,7 @@ def _sampler_state(main: dict, index_sampler: Any) -> tuple[Any, bool]:
     if ours_batches and isinstance(inner, ResumableRandomSampler):
         shuffle = nested.get(INNER_ITER_STATE)
         if isinstance(shuffle, dict) and "generator" in shuffle:  # torchdata's RandomSampler
-            return {"inner": {"generator": encode_generator(shuffle["generator"]),
+            return {"inner": {"generator": _generator_text(shuffle["generator"]),
                               "yielded": 0}}, False
         if iter_state is not None:
             raise StateMismatch(
@@ -233,7 +241,7 @@ def from_sdl(state: dict, loader: Any) -> dict:
         raise StateMismatch(f"{_LOAD} is corrupt: '{LAST_YIELDED_WORKER_ID}' is {last}, "
                             f"beyond its {len(parsed)} worker(s)")
     delivered = step + since
-    per_batch = loader.batch_size if loader._auto_collation else 1
+    per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     streams, last = _streams(parsed, iterable=iterable, per_batch=per_batch,
                              delivered=delivered, since=since, last=last, finished=finished)
     sampler_state, at_snapshot = (None, False) if iterable else _sampler_state(

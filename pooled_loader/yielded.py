@@ -18,22 +18,18 @@ from typing import Any
 from .errors import StateMismatch
 from .state_keys import (DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED, FETCHER_STATE,
                          INDEX_SAMPLER_STATE, ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID,
-                         MAIN_SNAPSHOT, NUM_WORKERS, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
+                         LEN_CALLED, MAIN_SNAPSHOT, NUM_WORKERS, NUM_YIELDED, POOLED,
+                         SAMPLER_ITER_STATE, SAMPLER_ITER_YIELDED, SHARED_SEED, SNAPSHOT,
                          SNAPSHOT_STEP, WORKER_ID, WORKER_SNAPSHOTS)
 
 __all__ = ["NUM_YIELDED", "expose", "honour_adjustment"]
 
-NUM_YIELDED = "_num_yielded"  # StatefulDataLoader's top-level keys
-SAMPLER_YIELDED = SAMPLER_ITER_YIELDED
+SAMPLER_YIELDED = SAMPLER_ITER_YIELDED  # StatefulDataLoader's top-level counts
 
 
 WRITTEN = "top_level_num_yielded"  # in "_pooled": the count as we wrote it
 
 
-# StatefulDataLoader's keys that tools read and ours does not use: in `_main_snapshot`, and with
-# 0 workers at the top level (its single-process layout), where tools look for them.
-SAMPLER_ITER_STATE, SHARED_SEED, LEN_CALLED = ("_sampler_iter_state", "_shared_seed",
-                                               "_IterableDataset_len_called")
 
 
 def expose(state: dict) -> dict:

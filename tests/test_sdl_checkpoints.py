@@ -224,6 +224,11 @@ def test_statefuldataloader_states_that_cannot_be_converted_say_why():
     with pytest.raises(StateMismatch, match="'_snapshot_step' should be a non-negative integer"):
         build(PooledLoader, "map-shuffled", 2).load_state_dict(broken)
     broken = sdl_state("map-shuffled", 2, False, 1, 0, 1)
+    broken["_snapshot"]["_main_snapshot"]["_sampler_iter_state"]["sampler_iter_state"][
+        "generator"] = [1, 2, 3]
+    with pytest.raises(StateMismatch, match="generator state should be a 1-d uint8 tensor"):
+        build(PooledLoader, "map-shuffled", 2).load_state_dict(broken)
+    broken = sdl_state("map-shuffled", 2, False, 1, 0, 1)
     del broken["_snapshot"]["_worker_snapshots"]["worker_1"]
     with pytest.raises(StateMismatch, match="should hold worker_0 .. worker_1"):
         build(PooledLoader, "map-shuffled", 2).load_state_dict(broken)
@@ -289,3 +294,32 @@ def test_distributed_statefuldataloader_states_resume_per_rank_then_on_another_w
         after += samples([rows(b) for b in loader])
     seen = [i for b in before + after for i in b]
     assert set(seen) == set(range(n)) and len(seen) - n < world + 3  # padding repeats a few
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["stateful-sampler", "stateful-batch-sampler"])
+def test_states_of_torchdatas_own_samplers_resume_in_the_same_samplers(workers, kind):
+    """The same sampler objects in both loaders: torchdata's StatefulDistributedSampler (its
+    state comes back to it) and torchdata's BatchSampler as batch_sampler (its iterator's)."""
+    from torchdata.stateful_dataloader.sampler import BatchSampler as TorchdataBatchSampler
+    from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    def make(cls):
+        ds = Noisy(13)
+        if kind == "stateful-sampler":
+            sampler = StatefulDistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
+            sampler.set_epoch(1)
+            return cls(ds, batch_size=2, sampler=sampler, num_workers=workers)
+        shuffle = TorchdataRandomSampler(ds, generator=torch.Generator().manual_seed(3))
+        return cls(ds, batch_sampler=TorchdataBatchSampler(shuffle, 2, False),
+                   num_workers=workers)
+    truth = [rows(b) for b in make(StatefulDataLoader)]
+    saver = make(StatefulDataLoader)
+    it = iter(saver)
+    for _ in range(2):
+        next(it)
+    state = torch_roundtrip(saver.state_dict())
+    ours = make(PooledLoader)
+    ours.load_state_dict(state)
+    assert samples(rows(b) for b in ours) == samples(truth[2:])
