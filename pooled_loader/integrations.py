@@ -29,10 +29,30 @@ split batches that are already one rank's share; an explicit ``dispatch_batches=
 and accelerate's ``IterableDatasetShard`` is not put around it. What cannot be kept (TPU/XLA's ``MpDeviceLoaderWrapper``; torchdata's
 ``StatefulDataLoader`` while ``PooledLoader`` has no ``state_dict``) warns, naming what was kept
 instead.
+
+Resuming under accelerate (``Accelerator(dataloader_config=DataLoaderConfiguration(
+use_stateful_dataloader=True))``, or ``prepared.state_dict()``/``load_state_dict()``) is made
+exact where accelerate alone is not:
+
+- accelerate's ``state_dict()`` returns a copy it refreshes only while batches are delivered, so
+  a state taken right after ``load_state_dict()`` was the one from before the load (``{}`` at
+  first: the next resume replayed the epoch from its start). The patched ``load_state_dict``
+  keeps the loaded state as that copy, and puts accelerate's epoch counter (``iteration``, which
+  its ``__iter__`` passes to ``set_epoch``) back to the state's epoch.
+- A shuffled map-style loader on several processes: accelerate wraps the batch sampler in its
+  ``BatchSamplerShard`` and gives the sampler a generator of its own, whose state it never saves;
+  a resume in new processes replayed the first epoch's permutation at the saved position
+  (accelerate issue 4195). Our ``ResumableRandomSampler`` inside it is kept resumable: the shard
+  saves the generator's state at the start of its pass and the batches it gave, and a loaded
+  state replays that very pass (:class:`_ResumableShard`).
+
+HF datasets' ``IterableDataset`` resumed in one process without ``set_epoch``: see
+pooled_loader.replay_watch.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.abc
 import importlib.util
@@ -42,6 +62,9 @@ from typing import Any, Callable
 
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset
+
+from .errors import StateMismatch
+from .resumable_sampler import encode_generator
 
 __all__ = ["patch_accelerate", "maybe_patch_accelerate"]
 
@@ -98,6 +121,30 @@ def patch_accelerate() -> None:
         setattr(adl, name, wrapped)
         if getattr(acc, name, None) is original:  # accelerator.py imported it by name
             setattr(acc, name, wrapped)
+    adapter = adl.DataLoaderAdapter
+    if not getattr(adapter.load_state_dict, _PATCHED, False):
+        adapter.load_state_dict = _keeping_loaded_state(adapter.load_state_dict)
+
+
+def _keeping_loaded_state(original: Callable) -> Callable:
+    """accelerate's ``load_state_dict``, after which ``state_dict()`` gives the loaded state (not
+    accelerate's copy from before the load) and the epoch counter is the state's."""
+    @functools.wraps(original)
+    def load_state_dict(self: Any, state_dict: Any) -> None:
+        original(self, state_dict)
+        from .loader import PooledLoader
+        if not isinstance(self.__dict__.get("base_dataloader"), PooledLoader):
+            return
+        self.dl_state_dict = copy.deepcopy(state_dict)
+        pooled = state_dict.get("_pooled") if isinstance(state_dict, dict) else None
+        epoch = pooled.get("loader_epoch") if isinstance(pooled, dict) else None
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 \
+                and hasattr(self, "iteration"):
+            # a finished epoch (accelerate marks its last batch so) resumes at the next one
+            self.iteration = epoch + bool(state_dict.get("_iterator_finished"))
+
+    setattr(load_state_dict, _PATCHED, True)
+    return load_state_dict
 
 
 def _keeping_pooled(original: Callable) -> Callable:
@@ -179,7 +226,7 @@ def _rebuild(base: Any, template: Any, device: Any) -> Any:
     if isinstance(dataset, IterableDataset):
         batching: dict = {"batch_size": base.batch_size, "drop_last": base.drop_last}
     elif base.batch_sampler is not None:
-        batching = {"batch_sampler": base.batch_sampler}
+        batching = {"batch_sampler": _resumable_shard(base.batch_sampler)}
     else:
         batching = {"batch_size": None, "sampler": base.sampler}
     loader = PooledLoader(dataset, **batching, **{k: getattr(base, k) for k in _PASSED_THROUGH},
@@ -190,3 +237,75 @@ def _rebuild(base: Any, template: Any, device: Any) -> Any:
                           trace=template.trace_path, trace_batches=template.trace_batches)
     loader._epoch = template._epoch
     return loader
+
+
+class _ResumableShard:
+    """Mixed into accelerate's ``BatchSamplerShard`` around our ``ResumableRandomSampler``: its
+    pass can be saved and replayed. ``state_dict()`` is the sampler's start of the pass (its
+    generator's state, or its seed) and the batches this process has taken; after
+    ``load_state_dict()`` the next pass replays that one and passes over those batches, drawing
+    indices only. (The shard cannot be restored from the sampler's own count: that counts the
+    other processes' batches too.)"""
+
+    _start: Any = None
+    _taken = 0
+    _replay: Any = None
+
+    def __iter__(self) -> Any:
+        replay, self._replay = self._replay, None
+        self._taken, skip = 0, 0
+        self._start = None
+        if replay is not None:
+            if replay["pass"] is not None:
+                self.batch_sampler.sampler.load_state_dict({**replay["pass"], "yielded": 0})
+                self._start = replay["pass"]
+            skip = replay["batches"]
+        return self._batches(skip)
+
+    def _batches(self, skip: int) -> Any:
+        for batch in super().__iter__():  # type: ignore[misc]
+            if self._start is None:  # the pass has started: its start is known now
+                self._start = {k: v for k, v in self.batch_sampler.sampler.state_dict().items()
+                               if k != "yielded"}
+            self._taken += 1
+            if self._taken > skip:
+                yield batch
+
+    def state_dict(self) -> dict:
+        start = self._start
+        if start is None:  # asked before the pass's first batch: where it will start
+            gen = self.batch_sampler.sampler.generator
+            start = None if gen is None else {"generator": encode_generator(gen.get_state())}
+        return {"pass": start, "batches": self._taken}
+
+    def load_state_dict(self, state: Any) -> None:
+        batches = state.get("batches") if isinstance(state, dict) else None
+        if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0 or (
+                state.get("pass") is not None and not isinstance(state["pass"], dict)):
+            raise StateMismatch("PooledLoader.load_state_dict: the state of accelerate's "
+                                "BatchSamplerShard should be {'pass': dict or null, "
+                                f"'batches': count}}, got {state!r:.120}")
+        self._replay = state
+
+
+_SHARD_CLASSES: dict = {}
+
+
+def _resumable_shard(batch_sampler: Any) -> Any:
+    """`batch_sampler`, as a `_ResumableShard` when it is accelerate's BatchSamplerShard around
+    a torch BatchSampler of our ResumableRandomSampler (shuffle=True)."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    from .resumable_sampler import ResumableRandomSampler
+    inner = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)
+    if type(batch_sampler) is not BatchSamplerShard or not isinstance(inner,
+                                                                       ResumableRandomSampler):
+        return batch_sampler
+    cls = _SHARD_CLASSES.get(BatchSamplerShard)
+    if cls is None:  # named as accelerate's: a state's sampler check compares the names
+        cls = _SHARD_CLASSES[BatchSamplerShard] = type(
+            "BatchSamplerShard", (_ResumableShard, BatchSamplerShard), {"__module__": __name__})
+    shard = object.__new__(cls)
+    shard.__dict__.update(batch_sampler.__dict__)
+    return shard
+

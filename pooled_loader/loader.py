@@ -156,6 +156,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                          pin_memory_device=pin_memory_device, in_order=in_order)
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
+        self._starved_checked = False  # warn_if_starved, at the first iter()
+        self._replay_watch: Any = None  # replay_watch.ReplayWatch, after a load
         self.pool_slots = pool_slots
         # A map-style dataset built with on_error="skip" (e.g. vision.ImageFolder) asks for the
         # same: the loader does the skipping so that batches keep their size.
@@ -273,6 +275,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if state == {}:  # torchdata's convention: nothing to restore
             self._resume = self._resume_raw = None
             return
+        from .sdl_compat import from_sdl, is_sdl_state
+        if is_sdl_state(state):  # a torchdata StatefulDataLoader checkpoint
+            state = from_sdl(state, self)
         from .elastic import is_merged
         if is_merged(state) and state.get("iterable"):
             self._load_merged_streams(state)
@@ -294,6 +299,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
+        from .replay_watch import ReplayWatch  # HF datasets replay a loaded state (see there)
+        self._replay_watch = ReplayWatch.after_load(
+            self.dataset, self.num_workers == 0 or self.persistent_workers,
+            any(s.dataset_state is not None for s in resume.streams.values()))
 
     def _load_merged_streams(self, state: dict) -> None:
         """A merged iterable state (WebDataset shards): every worker of this rank loads the same
@@ -303,7 +312,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             raise StateMismatch("PooledLoader.load_state_dict: a merged stream state needs an "
                                 "iterable dataset that loads it (pooled_loader.webdataset)")
         merged = state.get("dataset_state")
-        self.dataset.load_state_dict(merged)  # validates it here, in the main process
+        # Validated here, in the main process, on a copy: the dataset itself must not keep it
+        # as pending (every later epoch's workers would inherit and replay it).
+        copy.copy(self.dataset).load_state_dict(merged)
         streams = {} if state.get("finished") else {
             w: WorkerStream(w, dataset_state=merged) for w in range(max(self.num_workers, 1))}
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
@@ -344,6 +355,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         return self._iter_epoch()
 
     def __iter__(self) -> Iterator:
+        watch = getattr(self, "_replay_watch", None)  # absent in loaders unpickled from before
+        if watch is not None and not watch.before_pass():
+            self._replay_watch = None
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it
@@ -467,6 +481,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             self._check_undistributed = False
             from .distributed import warn_if_undistributed
             warn_if_undistributed(True, self.sampler, self.batch_sampler)
+        if not getattr(self, "_starved_checked", True):
+            self._starved_checked = True
+            from .distributed import warn_if_starved
+            warn_if_starved(self.dataset, self.sampler, self._index_sampler,
+                            num_workers=self.num_workers, batch_size=self.batch_size,
+                            drop_last=self.drop_last)
         if self.num_workers == 0:
             it: Iterator = InProcessIter(self._epoch_spec())
         else:

@@ -21,8 +21,14 @@ from .state_checks import StateChecks
 __all__ = ["ResumableRandomSampler"]
 
 
+def encode_generator(state: torch.Tensor) -> str:
+    """A generator's state (`Generator.get_state()`, as torchdata's samplers save it) as the
+    JSON-friendly text of our states."""
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
 def _encode_generator(gen: torch.Generator) -> str:
-    return base64.b64encode(gen.get_state().numpy().tobytes()).decode("ascii")
+    return encode_generator(gen.get_state())
 
 
 _GENERATOR_BYTES = torch.Generator().get_state().numel()  # a CPU generator's state

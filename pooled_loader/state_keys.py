@@ -22,3 +22,8 @@ FETCHER_STATE = "fetcher_state"
 DATASET_ITER_STATE = "dataset_iter_state"
 FETCHER_ENDED = "fetcher_ended"
 POOLED = "_pooled"  # ours
+# StatefulDataLoader's keys that ours carries for tools but does not read back
+NUM_YIELDED = "_num_yielded"
+SAMPLER_ITER_STATE = "_sampler_iter_state"
+SHARED_SEED = "_shared_seed"
+LEN_CALLED = "_IterableDataset_len_called"

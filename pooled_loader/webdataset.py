@@ -83,7 +83,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import global_shuffle, remote, wds_elastic, wds_plan, wds_state
-from .distributed import rank_and_world
+from .distributed import empty_rank_message, rank_and_world
 from .errors import SampleError
 from .shard_cache import Prefetcher, ShardCache
 from .shard_index import load_index
@@ -212,6 +212,15 @@ class WebDataset(IterableDataset):
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
             samples_per_epoch = sum(self.shard_sizes)
         self.samples_per_epoch = int(samples_per_epoch)
+        self._empty_warned = False
+        self._warn_if_empty()
+
+    def _warn_if_empty(self) -> None:
+        """Once: every rank would read nothing (too few samples for the world size)."""
+        message = empty_rank_message(self.samples_per_epoch, len(self.urls), self._rank_world[1])
+        if message is not None and not self._empty_warned:
+            self._empty_warned = True
+            warnings.warn(f"WebDataset: {message}", UserWarning, stacklevel=3)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -219,6 +228,7 @@ class WebDataset(IterableDataset):
         self.epoch = int(epoch)
         if get_worker_info() is None:  # a spawned worker cannot see the process group
             self._rank_world = rank_and_world()
+            self._warn_if_empty()
 
     def _worker(self) -> tuple[int, int]:
         info = get_worker_info()
@@ -383,13 +393,16 @@ class WebDataset(IterableDataset):
         rank, _ = self._current_rank_world()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
         prog = Progress(quota, Position(first), rng, start=(first, skip))
-        if resume is not None and resume["epoch"] == self.epoch and resume["position"]:
+        # a merged or runs state reaches here only from another epoch (see __iter__)
+        runs = resume is not None and resume.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS)
+        if resume is not None and not runs and resume["epoch"] == self.epoch \
+                and resume["position"]:
             wds_state.check_fits(resume, self._config(), quota, shards, self._index_of,
                                  self.shard_sizes and dict(zip(self.urls, self.shard_sizes)))
             skip = 0
             prog = self._restore(resume, quota, shards, rng)
-        elif resume is not None and resume["epoch"] != self.epoch and resume["position"] and \
-                resume["done"] < resume["quota"]:
+        elif resume is not None and resume["epoch"] != self.epoch and (runs or (
+                resume["position"] and resume["done"] < resume["quota"])):
             warnings.warn(f"WebDataset: the loaded state is from epoch {resume['epoch']} but the "
                           f"dataset is at epoch {self.epoch} (set_epoch after load_state_dict?): "
                           "starting this epoch from its beginning", RuntimeWarning, stacklevel=2)

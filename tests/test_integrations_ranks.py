@@ -17,14 +17,14 @@ REPO = os.path.dirname(HERE)
 RANKS_TIMEOUT_S = 240  # two framework imports per rank on a loaded 2-core machine
 
 
-def run_ranks(cmd, out, env_extra=None):
+def run_ranks(cmd, out, env_extra=None, files="rank{r}.json"):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), **(env_extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, HERE, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=RANKS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]
+    return [json.load(open(os.path.join(out, files.format(r=r)))) for r in range(2)]
 
 
 @pytest.mark.timeout(RANKS_TIMEOUT_S + 30)
