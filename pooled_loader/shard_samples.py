@@ -24,7 +24,7 @@ from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
 from . import remote
-from .errors import SampleError, ShardFormatError
+from .errors import SampleError, ShardFormatError, ShardIndexError
 from .tar_reader import Member, TarReader
 
 __all__ = ["expand_shards", "shard_samples", "count_samples", "count_shard",
@@ -79,17 +79,24 @@ def is_local_tar(url: str) -> bool:
 
 
 def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
-                  backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None
-                  ) -> Iterator[tuple[Sample, Any, Any]]:
+                  backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None,
+                  size: Optional[int] = None) -> Iterator[tuple[Sample, Any, Any]]:
     """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
     a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
 
     ``start``/``next`` are the byte offsets where this sample and the next one begin, or ``None``
     for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
-    and skipping whole samples). ``end``: read no byte from there on. Errors propagate."""
+    and skipping whole samples). ``end``: read no byte from there on. ``size``: the shard's
+    size as its index records it; a shard (or server) that reports another raises
+    ``ShardIndexError``. Other errors propagate."""
     base = offset or 0
     stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s, end=end)
     try:
+        got = stream.raw.size
+        if size is not None and got is not None and got != size:
+            raise ShardIndexError(f"shard {url} has {got} bytes, its index was made for {size}: "
+                                  "the shard changed since it was indexed; rebuild the index "
+                                  "(`python -m pooled_loader shards index PATTERN`)")
         if base and not stream.peek(1):
             return  # resumed at the very end
         tar = TarReader(stream, url, base=base, sliced=end is not None)
