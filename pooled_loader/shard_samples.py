@@ -24,6 +24,7 @@ from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
 from . import remote
+from .constants import MAX_SAMPLE_BYTES
 from .errors import SampleError, ShardFormatError, ShardIndexError
 from .tar_reader import Member, TarReader
 
@@ -103,6 +104,7 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
         plain = tar.plain
         sample: Optional[Sample] = None
         start: Optional[int] = None
+        held = 0  # member bytes of `sample`
         for info in tar:
             name = info.name
             if _not_a_sample_file(info):
@@ -114,10 +116,16 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
             if sample is None or prefix != sample["__key__"]:
                 if sample is not None:
                     yield sample, start, here
-                sample, start = {"__key__": prefix, "__url__": url}, here
+                sample, start, held = {"__key__": prefix, "__url__": url}, here, 0
             suffix = suffix.lower()
             if suffix in sample:
                 raise ShardFormatError(url, f"{name}: duplicate file name in the shard")
+            held += info.size
+            if held > MAX_SAMPLE_BYTES:  # from the headers, before the data is read
+                raise ShardFormatError(url, f"sample {prefix!r}: member {name!r} brings it to "
+                                            f"{held} bytes, more than the {MAX_SAMPLE_BYTES} a "
+                                            "sample may hold (constants.MAX_SAMPLE_BYTES), at "
+                                            f"byte {info.data_offset}")
             sample[suffix] = tar.read(info)
         if sample is not None:
             yield sample, start, (tar.end if plain else None)
