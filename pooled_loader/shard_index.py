@@ -20,8 +20,8 @@ tag, the types, that the samples are contiguous (each starts where the one befor
 left out is a gap), are at least one tar header long and end at least an end-of-archive marker
 before ``shard_bytes``, and, when the shard's size is known (a local file), that it matches. Any
 failure is a ``ShardIndexError`` naming the index file. What parsing cannot see (that the
-entries are the tar's own samples, that the shard has not changed since) is checked on every
-read by ``pooled_loader.global_shuffle``.
+entries are the tar's own samples, that the shard has not changed since) ``read_sample`` checks
+on every read (global shuffle reads through it).
 
 CLI: ``python -m pooled_loader shards index PATTERN`` (local shards); ``shards write`` writes the
 index of each shard it writes.

@@ -236,23 +236,25 @@ class TokenDataset(Dataset):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}  # workers open it themselves
 
-    def _fd(self) -> int:
-        if self._file is None:
-            bin_path = _paths(self.path)[0]
-            self._file = _open(bin_path, "token file", self.num_tokens * self.dtype.itemsize)
-        return self._file.fileno()
+    def _open_bin(self) -> Any:
+        bin_path = _paths(self.path)[0]
+        self._file = _open(bin_path, "token file", self.num_tokens * self.dtype.itemsize)
+        return self._file
 
     def _tokens(self, start: int, end: int) -> np.ndarray:
         """Tokens ``start:end`` read from the file; a short read (the file shrank) is an
         error naming it."""
         out = np.empty(end - start, self.dtype)
-        view, pos, fd = memoryview(out).cast("B"), start * self.dtype.itemsize, self._fd()
-        while len(view):
-            n = os.preadv(fd, [view], pos)
+        fd = (self._file or self._open_bin()).fileno()
+        pos = start * out.itemsize
+        got = os.preadv(fd, (out,), pos)
+        while got < out.nbytes:  # a read can be short (2 GiB at most per call), or the end
+            n = os.preadv(fd, (memoryview(out).cast("B")[got:],), pos + got)
             if n <= 0:
-                raise TokenFileError(f"{_paths(self.path)[0]}: the file shrank while it was open (it "
-                                     f"was {self.num_tokens} tokens); was it rewritten in place?")
-            view, pos = view[n:], pos + n
+                raise TokenFileError(f"{_paths(self.path)[0]}: the file shrank while it was "
+                                     f"open (it was {self.num_tokens} tokens); was it "
+                                     "rewritten in place?")
+            got += n
         return out
 
     def __len__(self) -> int:
