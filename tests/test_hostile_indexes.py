@@ -161,3 +161,21 @@ def test_shards_index_refuses_a_fifo_or_device_among_the_shards(tmp_path, kind):
                        timeout=50)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "not a regular file" in r.stderr and "shard-0001.tar" in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_file_replaced_while_a_stream_reconnects_is_an_error_not_two_files_spliced(indexed):
+    """The first response is cut after 1000 bytes; the shard is replaced before the stream
+    reconnects: the rest would come from the other file. The new size gives it away."""
+    from pooled_loader import remote
+    with ShardServer(os.path.dirname(indexed[0]), cut_after=1000, cuts=1) as srv:
+        f = remote.open_shard(srv.url(os.path.basename(indexed[0])), retries=2, backoff_s=0)
+        try:
+            assert len(f.read(1000)) == 1000
+            with open(indexed[0], "ab") as g:  # rewritten, another size
+                g.write(bytes(10240))
+            with pytest.raises(remote.RemoteReadError, match="the file changed while it was "
+                                                             "read"):
+                f.read()
+        finally:
+            f.close()
