@@ -9,8 +9,8 @@
   ``PooledLoader(batch_size=32, num_workers=2, shuffle=True)`` (persistent workers, the
   default collate) over windows of 2048 tokens and over documents of 20-600 tokens (uint16,
   ``collate.packed()``), and, alone, batches of 32 random items stacked into one array in the
-  main process (the view's copy happens there), which shows the per-item cost undiluted. The
-  file is in the page cache.
+  main process (the view's copy happens there), and one item alone in microseconds (the
+  fastest of 15 repeats). The file is in the page cache.
 - Global-shuffle reads: ``shard_index.read_sample`` (the shard's size against its index, exactly
   one sample in the slice, the first sample read from byte 0, the last with the end marker)
   against the read it replaced, ``shard_samples(path, offset, end=offset + size)``: every
@@ -18,9 +18,9 @@
   order, the shards in the page cache.
 
 The two ways run interleaved (A B B A ...) so that load from other processes and drift fall on
-both alike; the table gives the median time per round (wall-clock for the loader epochs, whose
-work is in the workers; CPU time of this process for the rest, which other processes' load
-disturbs less) and the ratio checked / before, with the same code timed against itself
+both alike; the table gives the median CPU seconds per round (of this process and, for the
+loader epochs, its workers: other processes' load disturbs CPU time much less than wall-clock
+time on a shared machine) and the ratio checked / before, with the same code timed against itself
 ("noise floor") to show what differences this machine makes of equal work.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import timeit
 
 import numpy as np
 
@@ -62,6 +63,24 @@ class MappedTokens(TokenDataset):
     def __getstate__(self) -> dict:
         return {k: v for k, v in super().__getstate__().items()
                 if k not in ("_map", "_mapped_file")}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its descendants (the loaders' persistent
+    workers: none exits between two readings); this process's alone without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return time.process_time()
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me] + me.children(recursive=True):
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def loader_epoch(loader) -> int:
@@ -112,7 +131,8 @@ def read_before(paths, indexes, order) -> int:
     return total
 
 
-def interleaved(rounds: int, a, b, clock=time.process_time) -> tuple[float, float]:
+def interleaved(rounds: int, a, b, clock=time.process_time) -> tuple[float, ...]:
+    """Median and fastest round of ``a`` and of ``b``: (median a, median b, min a, min b)."""
     times: tuple[list, list] = ([], [])
     assert a() == b()  # the same work, and a warm-up of both
     for r in range(rounds):
@@ -120,7 +140,8 @@ def interleaved(rounds: int, a, b, clock=time.process_time) -> tuple[float, floa
             t = clock()
             (a, b)[k]()
             times[k].append(clock() - t)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return (statistics.median(times[0]), statistics.median(times[1]), min(times[0]),
+            min(times[1]))
 
 
 def main() -> int:
@@ -129,45 +150,56 @@ def main() -> int:
     args = ap.parse_args()
     from pooled_loader import PooledLoader
     from pooled_loader.collate import packed
-    rows = []
+    rows, micro = [], []
     with tempfile.TemporaryDirectory() as d:
         rng = np.random.default_rng(1)
         path = os.path.join(d, "tok")
         write_tokens(path, (rng.integers(0, 50000, int(n), dtype=np.uint16)
                             for n in rng.integers(20, 600, 16000)), dtype=np.uint16)
-        for name, kw, collate in (("windows of 2048", {"seq_len": 2048}, None),
+        for name, kw, collate in (("windows of 2048 (stride 256)",
+                                   {"seq_len": 2048, "stride": 256}, None),
                                   ("documents of 20-600", {}, packed())):
             built = [PooledLoader(cls(path, **kw), batch_size=BATCH, num_workers=2,
                                   shuffle=True, persistent_workers=True, collate_fn=collate)
                      for cls in (TokenDataset, MappedTokens)]
-            new_t, old_t = interleaved(args.rounds, *(lambda ld=ld: loader_epoch(ld)
-                                                      for ld in built), clock=time.perf_counter)
             rows.append((f"PooledLoader epoch, token {name} ({len(built[0].dataset)} items)",
-                         new_t, old_t))
+                         *interleaved(args.rounds, *(lambda ld=ld: loader_epoch(ld)
+                                                     for ld in built), clock=cpu_seconds)))
             del built
         for name, kw in (("windows of 2048", {"seq_len": 2048}), ("documents of 20-600", {})):
             new_ds, old_ds = TokenDataset(path, **kw), MappedTokens(path, **kw)
             order = list(rng.permutation(len(new_ds)))
-            new_t, old_t = interleaved(args.rounds, lambda: token_batches(new_ds, order),
-                                       lambda: token_batches(old_ds, order))
-            rows.append((f"items alone, token {name} ({len(order)} items)", new_t, old_t))
+            rows.append((f"items alone, token {name} ({len(order)} items)",
+                         *interleaved(args.rounds, lambda: token_batches(new_ds, order),
+                                      lambda: token_batches(old_ds, order))))
             if kw:  # the same code against itself: how far apart this machine puts equals
                 rows.append(("  noise floor: before / before, token windows",
                              *interleaved(args.rounds, lambda: token_batches(old_ds, order),
                                           lambda: token_batches(old_ds, order))))
+        for name, kw in (("window of 2048", {"seq_len": 2048}), ("document", {})):
+            per_item = []
+            for ds in (TokenDataset(path, **kw), MappedTokens(path, **kw)):
+                idx = [int(i) for i in rng.permutation(len(ds))[:2000]]
+                best = min(timeit.repeat(lambda: [ds[i] for i in idx], number=5, repeat=15))
+                per_item.append(best / (5 * len(idx)) * 1e6)
+            micro.append(f"one token {name}: {per_item[0]:.2f} µs read, {per_item[1]:.2f} µs "
+                         f"as a view after an fstat ({per_item[0] - per_item[1]:+.2f} µs)")
         paths = make_shards(d, 8, 250)
         indexes = [load_index(p) for p in paths]
         order = [(s, i) for s, ix in enumerate(indexes) for i in range(len(ix))]
         random.Random(2).shuffle(order)
-        new_t, old_t = interleaved(args.rounds, lambda: read_checked(paths, indexes, order),
-                                   lambda: read_before(paths, indexes, order))
-        rows.append((f"global-shuffle reads ({len(order)} samples, local)", new_t, old_t))
+        rows.append((f"global-shuffle reads ({len(order)} samples, local)",
+                     *interleaved(args.rounds, lambda: read_checked(paths, indexes, order),
+                                  lambda: read_before(paths, indexes, order))))
         rows.append(("  noise floor: before / before, global-shuffle reads",
                      *interleaved(args.rounds, lambda: read_before(paths, indexes, order),
                                   lambda: read_before(paths, indexes, order))))
-    print("| path | checked (s) | before (s) | checked / before |\n|---|---:|---:|---:|")
-    for name, new_t, old_t in rows:
-        print(f"| {name} | {new_t:.4f} | {old_t:.4f} | {new_t / old_t:.3f} |")
+    print("| path | checked (s, median) | before (s, median) | checked / before, median | "
+          "fastest rounds |\n|---|---:|---:|---:|---:|")
+    for name, new_t, old_t, new_min, old_min in rows:
+        print(f"| {name} | {new_t:.4f} | {old_t:.4f} | {new_t / old_t:.3f} | "
+              f"{new_min / old_min:.3f} |")
+    print("\nFastest of 15 repeats, 2000 random items each (wall-clock):\n" + "\n".join(micro))
     return 0
 
 
