@@ -8,6 +8,7 @@ an error naming the index or the shard (``ShardIndexError``, raised even with
 repeated or foreign samples. Tests that could hang on a regression run under a timeout."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,21 +17,13 @@ import sys
 
 import pytest
 from http_shards import ShardServer
+from test_shard_index import REPO, SIZES, indexed  # noqa: F401 - a fixture: 7 indexed shards
 from test_webdataset import make_shards, sample_id
 
-from pooled_loader import shards
 from pooled_loader.shard_index import INDEX_SUFFIX, ShardIndexError, load_index
 from pooled_loader.webdataset import WebDataset
 
-SIZES = [6, 9, 4]  # 19 samples
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def indexed(tmp_path):
-    paths = make_shards(str(tmp_path / "s"), SIZES)
-    assert shards.main(["index", str(tmp_path / "s")]) == 0
-    return paths
+TOTAL = sum(SIZES)
 
 
 def edit_index(path, change):
@@ -47,6 +40,21 @@ def drop(doc, i):
 
 def ids(ds):
     return sorted(ds)
+
+
+@contextlib.contextmanager
+def shard_urls(paths, where="http"):
+    """The shards' URLs: served over HTTP on 127.0.0.1, or the local paths."""
+    if where != "http":
+        yield paths
+        return
+    with ShardServer(os.path.dirname(paths[0])) as srv:
+        yield [srv.url(os.path.basename(p)) for p in paths]
+
+
+def changed_size(urls, shard):
+    return pytest.raises(ShardIndexError, match=rf"shard {urls[shard]} has \d+ bytes, its index "
+                                                r"was made for \d+: the shard changed")
 
 
 def test_an_index_with_a_sample_left_out_in_the_middle_is_refused_naming_it(indexed):
@@ -72,7 +80,7 @@ def test_an_index_that_does_not_cover_its_shard_is_an_error_when_read_never_fewe
             drop(d, 3)
     edit_index(indexed[1], change)
     ds = WebDataset(indexed, transform=sample_id, shuffle="global", on_error=on_error)
-    assert len(ds) == 18
+    assert len(ds) == TOTAL - 1
     with pytest.raises(ShardIndexError, match=rf"shard {indexed[1]}: its index places sample "
                                               r"\d+ at bytes .* the index does not fit the shard"):
         ids(ds)
@@ -92,12 +100,10 @@ def test_an_index_claiming_more_samples_than_the_shard_holds_over_http_is_an_err
             d["sizes"].append(extra)
         d["shard_bytes"] += 5 * extra
     edit_index(indexed[0], change)
-    with ShardServer(os.path.dirname(indexed[0])) as srv:
-        urls = [srv.url(os.path.basename(p)) for p in indexed]
+    with shard_urls(indexed) as urls:
         ds = WebDataset(urls, transform=sample_id, shuffle="global", on_error=on_error)
-        assert len(ds) == 24
-        with pytest.raises(ShardIndexError, match=rf"shard {urls[0]} has \d+ bytes, its index "
-                                                  r"was made for \d+: the shard changed"):
+        assert len(ds) == TOTAL + 5
+        with changed_size(urls, 0):
             ids(ds)
 
 
@@ -108,22 +114,13 @@ def test_a_shard_replaced_after_it_was_indexed_is_an_error_not_foreign_samples(
     """The dataset reads the indexes, then a shard is rewritten with other samples (as a
     re-export would): every read compares the shard's size with its index's."""
     other = make_shards(str(tmp_path / "other"), [7], name="o")[0]
-    if where == "http":
-        srv = ShardServer(os.path.dirname(indexed[0])).__enter__()
-        urls = [srv.url(os.path.basename(p)) for p in indexed]
-    else:
-        srv, urls = None, indexed
-    try:
+    with shard_urls(indexed, where) as urls:
         ds = WebDataset(urls, transform=sample_id, shuffle="global", on_error="skip")
-        assert ids(ds) == list(range(19))
-        shutil.copyfile(other, indexed[2])
-        with pytest.raises(ShardIndexError, match=rf"shard {urls[2]} has \d+ bytes, its index "
-                                                  r"was made for \d+: the shard changed"):
+        assert ids(ds) == list(range(TOTAL))
+        shutil.copyfile(other, indexed[2])  # 7 samples where there were 12: another size
+        with changed_size(urls, 2):
             ids(ds)
         assert ds.skipped == 0
-    finally:
-        if srv is not None:
-            srv.__exit__(None, None, None)
 
 
 def test_a_deeply_nested_index_is_an_error_naming_it_not_a_recursion_error(indexed):

@@ -41,6 +41,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from bench_wds import cpu_seconds  # noqa: E402 - this folder is the script's sys.path[0]
 from pooled_loader.shard_index import load_index, read_sample, write_index  # noqa: E402
 from pooled_loader.shard_samples import shard_samples  # noqa: E402
 from pooled_loader.tokens import TokenDataset, write_tokens  # noqa: E402
@@ -63,24 +64,6 @@ class MappedTokens(TokenDataset):
     def __getstate__(self) -> dict:
         return {k: v for k, v in super().__getstate__().items()
                 if k not in ("_map", "_mapped_file")}
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its descendants (the loaders' persistent
-    workers: none exits between two readings); this process's alone without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return time.process_time()
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me] + me.children(recursive=True):
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def loader_epoch(loader) -> int:
