@@ -92,3 +92,23 @@ REMOTE_RATE_WINDOW_S = 30.0
 before its rate is judged against `REMOTE_MIN_BYTES_PER_S`: a slow start (TCP slow start, a cold
 object store) is not a stall. A trickling server is so dropped after about this long per
 attempt, and the read fails after about `(retries + 1)` times this."""
+
+MAX_SAMPLE_BYTES = 1 << 32
+"""Bytes. The member data one sample of a tar shard may hold (4 GiB, as one member may:
+`tar_reader.MAX_MEMBER_BYTES`): a sample is held in memory whole, and a compressed shard makes
+gigabytes from kilobytes, so without a bound per sample a few small members-worth of gzip
+could claim any amount of memory. Checked from the tar headers before a member is read
+(`shard_samples`)."""
+
+MAX_DECOMPRESSED_SHARD_BYTES = 1 << 34
+"""Bytes. What a compressed (gzip, bzip2, xz) shard may expand to (16 GiB, above the 1-10 GB
+shards WebDataset recommends). Every byte of a compressed stream is decompressed even when it is
+skipped, and bzip2 and xz expand a few kilobytes of zeros to gigabytes, so this bounds the
+time a decompression bomb can take (bzip2 expands zeros at about 65 MB/s here: 4 minutes). A
+ratio limit would refuse real data: a tar of mostly-zero segmentation masks compresses 14000:1
+with bzip2."""
+
+MAX_TRAILING_BYTES = 1 << 22
+"""Bytes. Zeros accepted after a tar's end-of-archive marker (4 MiB): tar pads an archive to a
+whole record (10 KiB by default, 1 MiB with tar's `-b 2048`). More is refused without being
+read: a 19 KiB bzip2 shard can hold 16 GiB of zeros there."""

@@ -24,6 +24,12 @@ class ShardFormatError(SampleError):
         return type(self), (self.shard, self.detail)
 
 
+class ShardIndexError(SampleError):
+    """A shard index that is missing, too large, malformed or does not fit its shard (also as
+    ``pooled_loader.shard_index.ShardIndexError``). Raised even with ``on_error="skip"`` when
+    found while reading: skipping would make global shuffle repeat other samples in their place."""
+
+
 class WorkerError(RuntimeError):
     """A worker process died or stopped answering."""
 

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import numpy as np
 
 from .constants import MAX_WORLD_SIZE
-from .errors import SampleError
+from .errors import SampleError, ShardIndexError
 from .shard_cache import is_cacheable
+from .shard_index import read_sample
 from .shard_samples import Sample, error_reason, shard_samples
 from .state_checks import StateChecks
 from .wds_state import check_keys
@@ -70,11 +71,10 @@ class GlobalOrder:
             self.first.append(self.first[-1] + len(ix))
         self.total = self.first[-1]
 
-    def locate(self, g: int) -> tuple[int, int, int]:
-        """(shard, byte offset, size) of global sample ``g``."""
+    def locate(self, g: int) -> tuple[int, int]:
+        """(shard, sample of that shard) of global sample ``g``."""
         s = bisect.bisect_right(self.first, g) - 1
-        i = g - self.first[s]
-        return s, self.indexes[s].offsets[i], self.indexes[s].sizes[i]
+        return s, g - self.first[s]
 
     def share(self, epoch: int, rank: int, world: int, worker: int, nworkers: int) -> np.ndarray:
         """The global ids slot (rank, worker) reads this epoch, in order (module docstring)."""
@@ -169,20 +169,16 @@ class GlobalReader:
             for h in handles.values():
                 h.close()
 
-    def _read(self, handles: collections.OrderedDict, shard: int, offset: int, size: int,
+    def _read(self, handles: collections.OrderedDict, shard: int, i: int,
               apply: Callable[[Sample], tuple[bool, Any]],
               fail: Callable[[str, str, BaseException], None]) -> tuple[bool, Any]:
-        url = self.urls[shard]
+        url, offset = self.urls[shard], self.indexes[shard].offsets[i]
         try:
             src = self._source(handles, shard)
-            samples = shard_samples(src, offset, end=offset + size, retries=self.retries,
-                                    backoff_s=self.backoff_s)
-            try:
-                sample = next(samples, (None,))[0]
-            finally:
-                samples.close()
-            if sample is None:
-                raise ValueError(f"no sample at byte {offset} (is its shard index stale?)")
+            sample = read_sample(src, self.indexes[shard], i, name=url, retries=self.retries,
+                                 backoff_s=self.backoff_s)
+        except ShardIndexError:
+            raise  # not one bad sample: skipping would repeat others in place of the shard's
         except Exception as exc:  # noqa: BLE001 - reported with the shard and offset
             fail(url, f"sample at byte {offset}: {error_reason(exc)}", exc)
             return False, None

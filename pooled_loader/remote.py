@@ -109,7 +109,8 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
                                             timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:  # asked at (or past) the end: nothing left to read
-            return _Opened(io.BytesIO(b""), offset)
+            total = (exc.headers.get("Content-Range") or "").rpartition("/")[2]
+            return _Opened(io.BytesIO(b""), int(total) if total.isdigit() else offset)
         if exc.code in TRANSIENT_HTTP:
             raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
         raise RemoteReadError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
@@ -386,6 +387,10 @@ class ResilientStream(io.RawIOBase):
                 except BaseException:
                     conn.close()
                     raise
+                if None not in (self._size, conn.size) and conn.size != self._size:
+                    conn.close()  # another file now: its bytes must not be spliced onto these
+                    raise RemoteReadError(f"{self.url}: was {self._size} bytes, is {conn.size} "
+                                          "on reconnecting: the file changed while it was read")
                 self._conn, self._size = conn, conn.size
                 return
             except BaseException as exc:  # noqa: BLE001 - sorted by _retryable

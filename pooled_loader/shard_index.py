@@ -14,10 +14,14 @@ where the next sample starts (its headers, data and padding), as ``pooled_loader
 groups members into samples (so ``shards index`` and the reader agree on what a sample is).
 Compressed shards cannot be indexed (their offsets are not file offsets).
 
-An index is untrusted input: it is read only up to ``MAX_INDEX_BYTES``, and ``parse_index``
-checks the format tag, the types, that samples are in order, do not overlap, lie inside
-``shard_bytes`` and are at least one tar header long, and, when the shard's size is known (a
-local file), that it matches. Any failure is a ``ShardIndexError`` naming the index file.
+An index is untrusted input: a local one must be a regular file (a FIFO or device is refused,
+not waited on), it is read only up to ``MAX_INDEX_BYTES``, and ``parse_index`` checks the format
+tag, the types, that the samples are contiguous (each starts where the one before ends: an entry
+left out is a gap), are at least one tar header long and end at least an end-of-archive marker
+before ``shard_bytes``, and, when the shard's size is known (a local file), that it matches. Any
+failure is a ``ShardIndexError`` naming the index file. What parsing cannot see (that the
+entries are the tar's own samples, that the shard has not changed since) ``read_sample`` checks
+on every read (global shuffle reads through it).
 
 CLI: ``python -m pooled_loader shards index PATTERN`` (local shards); ``shards write`` writes the
 index of each shard it writes.
@@ -31,24 +35,22 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from . import remote
-from .errors import SampleError
-from .shard_samples import shard_samples
+from .errors import ShardFormatError, ShardIndexError
+from .safe_open import UnsafeFileError, open_regular
+from .shard_samples import Sample, shard_samples
 
 __all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
-           "parse_index", "load_index", "index_url"]
+           "parse_index", "load_index", "index_url", "read_sample"]
 
 FORMAT = "pooled_loader.shard_index/1"
 INDEX_SUFFIX = ".idx.json"
 MAX_INDEX_BYTES = 64 << 20  # ~3 M samples per shard at ~20 bytes each; far above real shards
 TAR_BLOCK = 512  # a sample holds at least one tar header
+END_MARKER = 2 * TAR_BLOCK  # the two zero blocks that end every tar, after the last sample
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class ShardIndexError(SampleError):
-    """A shard index that is missing, too large, malformed or does not fit its shard."""
 
 
 @dataclass(frozen=True)
@@ -75,17 +77,19 @@ def index_url(url: str) -> str:
 def build_index(path: str) -> ShardIndex:
     """Index a local tar shard by reading it once (every sample, as the reader groups them)."""
     offsets, sizes = [], []
+    # refused before reading: a FIFO blocks open(), a link to /dev/zero never ends
+    with os.fdopen(open_regular(path, what="shard", follow=True), "rb") as f:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        size = os.fstat(f.fileno()).st_size
     for _, start, after in shard_samples(path, 0):  # the reader's own grouping, so both agree
         if start is None or after is None:
             raise ValueError(f"{path}: a compressed shard cannot be indexed (its offsets are "
                              "not file offsets); index the uncompressed .tar")
         offsets.append(start)
         sizes.append(after - start)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return ShardIndex(os.path.getsize(path), h.hexdigest(), tuple(offsets), tuple(sizes))
+    return ShardIndex(size, h.hexdigest(), tuple(offsets), tuple(sizes))
 
 
 def write_index(path: str) -> str:
@@ -120,6 +124,8 @@ def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> S
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise bad("JSON nested too deeply (an index is one object of flat lists)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise bad(f"format is {got!r}, expected {FORMAT!r}")
@@ -134,12 +140,16 @@ def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> S
         raise bad("offsets and sizes must be lists of the same length")
     if len(offsets) > size // TAR_BLOCK:
         raise bad(f"{len(offsets)} samples cannot fit in {size} bytes")
-    end = 0
+    end = offsets[0] if offsets else 0
     for i, (off, n) in enumerate(zip(offsets, sizes)):
-        if not (_is_int(off) and _is_int(n)) or off < end or n < TAR_BLOCK or off + n > size:
+        if not (_is_int(off) and _is_int(n)) or off < max(end, 0) or n < TAR_BLOCK or (
+                off + n + END_MARKER > size):
             raise bad(f"sample {i} (offset {off!r}, size {n!r}) is out of order, overlaps the "
                       f"previous one, is shorter than a tar header or runs past the shard's "
-                      f"{size} bytes")
+                      f"{size} bytes (less its {END_MARKER}-byte end-of-archive marker)")
+        if off != end:
+            raise bad(f"bytes {end}..{off} lie between sample {i - 1} and sample {i}: a gap "
+                      "(a sample left out of the index?)")
         end = off + n
     if shard_bytes is not None and shard_bytes != size:
         raise bad(f"it is for a shard of {size} bytes, the shard has {shard_bytes} (stale)")
@@ -155,12 +165,61 @@ def load_index(url: str, *, retries: int = remote.RETRIES,
     """The validated index of shard ``url`` (read from ``index_url(url)``, local or remote).
     Raises ``ShardIndexError`` saying how to make one when it is missing."""
     where = index_url(url)
+    local = url[len("file://"):] if url.startswith("file://") else url
     try:
-        with remote.open_shard(where, retries=retries, backoff_s=backoff_s) as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
+        if "://" not in local and not local.startswith("pipe:"):
+            with os.fdopen(open_regular(local + INDEX_SUFFIX, what="shard index", follow=True),
+                           "rb") as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
+        else:
+            with remote.open_shard(where, retries=retries, backoff_s=backoff_s) as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
     except (FileNotFoundError, remote.RemoteReadError) as exc:
         raise ShardIndexError(f"shard {url} has no readable index at {where} ({exc}); write "
                               "one with `python -m pooled_loader shards index PATTERN`") from exc
-    local = url[len("file://"):] if url.startswith("file://") else url
+    except UnsafeFileError as exc:  # a FIFO, a device, a directory
+        raise ShardIndexError(f"shard index {where}: {exc.strerror}; put the index file "
+                              "itself there (`python -m pooled_loader shards index PATTERN`)"
+                              ) from None
     size = os.path.getsize(local) if "://" not in local and os.path.isfile(local) else None
     return parse_index(data, where, size)
+
+
+def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = None,
+                retries: int = remote.RETRIES, backoff_s: float = remote.BACKOFF_S) -> Sample:
+    """Sample ``i`` of shard ``url`` (named ``name`` in errors) as ``index`` places it, checked
+    against the shard on the way: the shard (or the server's ``Content-Range``) has the size the
+    index records, and the bytes hold exactly one whole sample there. The first sample is read
+    from byte 0 (no sample may come before it) and the last with the two blocks after it (the
+    end-of-archive marker must follow it): with contiguity (``parse_index``) the entries are
+    then the tar's own samples, none left out or split off a member's data. A mismatch raises
+    ``ShardIndexError``; a damaged shard ``ShardFormatError``."""
+    off, n = index.offsets[i], index.sizes[i]
+    lo = 0 if i == 0 else off
+    hi = off + n + (END_MARKER if i == len(index) - 1 else 0)
+    samples = shard_samples(url, lo, end=hi, size=index.shard_bytes, retries=retries,
+                            backoff_s=backoff_s)
+    try:
+        sample, start, after = next(samples, (None, None, None))
+        # the last: the iteration must end at the marker, not find (part of) another member
+        more = sample is not None and hi > off + n and _continues(samples)
+    finally:
+        samples.close()
+    if sample is None or (start, after) != (off, off + n) or more:
+        found = ("none" if sample is None else f"one at bytes {start}..{after}" + (
+            ", and more members after it where the end-of-archive marker should be" if more
+            else ""))
+        raise ShardIndexError(f"shard {name or url}: its index places sample {i} at bytes "
+                              f"{off}..{off + n}, the shard holds {found}: the index does not "
+                              "fit the shard; rebuild it (`python -m pooled_loader shards "
+                              "index PATTERN`)")
+    return sample
+
+
+def _continues(samples: Iterator) -> bool:
+    """Whether a slice's iteration finds more after its first sample (another sample, or a
+    member cut by the slice's end)."""
+    try:
+        return next(samples, None) is not None
+    except ShardFormatError:
+        return True

@@ -21,7 +21,8 @@ import re
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import remote
-from .errors import SampleError, ShardFormatError
+from .constants import MAX_SAMPLE_BYTES
+from .errors import SampleError, ShardFormatError, ShardIndexError
 from .safe_open import open_regular
 from .shard_urls import base_plus_ext, expand_urls
 from .tar_reader import Member, TarReader
@@ -79,23 +80,31 @@ def is_local_tar(url: str) -> bool:
 
 
 def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
-                  backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None
-                  ) -> Iterator[tuple[Sample, Any, Any]]:
+                  backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None,
+                  size: Optional[int] = None) -> Iterator[tuple[Sample, Any, Any]]:
     """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
     a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
 
     ``start``/``next`` are the byte offsets where this sample and the next one begin, or ``None``
     for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
-    and skipping whole samples). ``end``: read no byte from there on. Errors propagate."""
+    and skipping whole samples). ``end``: read no byte from there on. ``size``: the shard's
+    size as its index records it; a shard (or server) that reports another raises
+    ``ShardIndexError``. Other errors propagate."""
     base = offset or 0
     stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s, end=end)
     try:
+        got = stream.raw.size
+        if size is not None and got is not None and got != size:
+            raise ShardIndexError(f"shard {url} has {got} bytes, its index was made for {size}: "
+                                  "the shard changed since it was indexed; rebuild the index "
+                                  "(`python -m pooled_loader shards index PATTERN`)")
         if base and not stream.peek(1):
             return  # resumed at the very end
         tar = TarReader(stream, url, base=base, sliced=end is not None)
         plain = tar.plain
         sample: Optional[Sample] = None
         start: Optional[int] = None
+        held = 0  # member bytes of `sample`
         for info in tar:
             name = info.name
             if _not_a_sample_file(info):
@@ -107,10 +116,16 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
             if sample is None or prefix != sample["__key__"]:
                 if sample is not None:
                     yield sample, start, here
-                sample, start = {"__key__": prefix, "__url__": url}, here
+                sample, start, held = {"__key__": prefix, "__url__": url}, here, 0
             suffix = suffix.lower()
             if suffix in sample:
                 raise ShardFormatError(url, f"{name}: duplicate file name in the shard")
+            held += info.size
+            if held > MAX_SAMPLE_BYTES:  # from the headers, before the data is read
+                raise ShardFormatError(url, f"sample {prefix!r}: member {name!r} brings it to "
+                                            f"{held} bytes, more than the {MAX_SAMPLE_BYTES} a "
+                                            "sample may hold (constants.MAX_SAMPLE_BYTES), at "
+                                            f"byte {info.data_offset}")
             sample[suffix] = tar.read(info)
         if sample is not None:
             yield sample, start, (tar.end if plain else None)

@@ -84,15 +84,21 @@ def write_shards(
         seen: set[str] = set()
         dup = next(k for k in keys if k in seen or seen.add(k))
         raise ValueError(f"{src_imagefolder}: two files map to the sample key {dup!r}")
-    out_dir = os.path.dirname(out_pattern % 0)
-    if out_dir:
+    names = [out_pattern % n for n in range(-(-len(order) // per_shard))]
+    if len(set(names)) < len(names):  # checked before anything is written
+        first = {}
+        a, b = next((first[p], n) for n, p in enumerate(names) if first.setdefault(p, n) != n)
+        raise ValueError(f"out_pattern {out_pattern!r} names shards {a} and {b} both "
+                         f"{names[a]!r}: each would replace the last; number them, e.g. "
+                         "'shards/data-%06d.tar'")
+    for out_dir in sorted({os.path.dirname(p) for p in names} - {""}):
         os.makedirs(out_dir, exist_ok=True)
     classes = json.dumps(index.classes).encode()
     written: list[str] = []
     bar = progress_bar(total=len(order), disable=not progress, unit="img", desc="shards")
     try:
         for start in range(0, len(order), per_shard):
-            path = out_pattern % len(written)
+            path = names[len(written)]
             fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
                                            suffix=".partial", dir=os.path.dirname(path) or ".")
             try:

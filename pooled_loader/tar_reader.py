@@ -9,8 +9,11 @@ pax headers itself, and every tar reader of the package uses it:
   archive's size is known (a local file), a member must lie inside it;
 - longname/longlink and pax headers hold at most ``MAX_META_BYTES``, pax records must be well
   formed, sparse members are refused; data is read in pieces (memory follows the bytes that
-  arrive), at most ``MAX_MEMBER_BYTES`` per member;
-- the archive must end as tar says: two zero blocks, then only zeros. A bad header, a shard
+  arrive), at most ``MAX_MEMBER_BYTES`` per member (and ``constants.MAX_SAMPLE_BYTES`` per
+  sample, checked by ``shard_samples``); a compressed shard may expand to at most
+  ``constants.MAX_DECOMPRESSED_SHARD_BYTES``;
+- the archive must end as tar says: two zero blocks, then only zeros, at most
+  ``constants.MAX_TRAILING_BYTES`` of them (more is refused unread). A bad header, a shard
   truncated anywhere and data after the end raise ``ShardFormatError`` naming the shard and
   the byte offset.
 
@@ -29,6 +32,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Optional
 
+from .constants import MAX_DECOMPRESSED_SHARD_BYTES, MAX_TRAILING_BYTES
 from .errors import ShardFormatError
 
 __all__ = ["TarReader", "Member", "MAX_META_BYTES", "MAX_MEMBER_BYTES"]
@@ -81,6 +85,7 @@ class TarReader:
         self.url, self.base, self.end, self.sliced = url, base, None, sliced
         self.plain = True
         head = fileobj.peek(6)[:6] if hasattr(fileobj, "peek") else b""
+        self.expanded = 0  # bytes decompressed (compressed shards)
         for magic, opener in COMPRESSED:
             if base == 0 and head.startswith(magic):
                 fileobj, self.plain = opener(fileobj), False
@@ -107,10 +112,16 @@ class TarReader:
 
     def _decompressed(self, n: int) -> bytes:
         try:
-            return self.f.read(n)
+            data = self.f.read(n)
         except DECOMPRESS_ERRORS as exc:
             raise self.fail(self._pos, f"corrupt compressed data ({type(exc).__name__}: {exc})"
                             ) from None
+        self.expanded += len(data)
+        if self.expanded > MAX_DECOMPRESSED_SHARD_BYTES:  # at most one CHUNK past it
+            raise self.fail(self._pos, f"a compressed shard expanding past "
+                                       f"{MAX_DECOMPRESSED_SHARD_BYTES} bytes (a decompression "
+                                       "bomb? constants.MAX_DECOMPRESSED_SHARD_BYTES)")
+        return data
 
     def _read(self, n: int, what: str) -> bytes:
         data = self._get(min(n, CHUNK))
@@ -268,13 +279,23 @@ class TarReader:
             raise self.fail(at, "a zero block in mid-archive (a corrupt header?), more data "
                                 "after it")
         pos = at + 2 * BLOCK
+        if self.size is not None and self.size - pos > MAX_TRAILING_BYTES:  # not read
+            raise self._too_much_after(at, self.size - pos)
         while True:
-            tail = self._get(CHUNK)
+            tail = self._get(min(CHUNK, MAX_TRAILING_BYTES + 1 - (pos - at - 2 * BLOCK)))
             if not tail:
                 break
             if tail.strip(b"\0"):
                 lead = len(tail) - len(tail.lstrip(b"\0"))
                 raise self.fail(pos + lead, "data after the end-of-archive marker")
             pos += len(tail)
+            if pos - at - 2 * BLOCK > MAX_TRAILING_BYTES:
+                raise self._too_much_after(at, None)
         self._pos, self.end = pos, self.base + at
+
+    def _too_much_after(self, at: int, n: Optional[int]) -> ShardFormatError:
+        what = f"{n} bytes" if n is not None else "more bytes"
+        return self.fail(at, f"{what} after the end-of-archive marker, more than the "
+                             f"{MAX_TRAILING_BYTES} a tar writer pads with "
+                             "(constants.MAX_TRAILING_BYTES)")
 

@@ -13,13 +13,16 @@ Files (``PATH.bin`` and ``PATH.idx``, as nanoGPT's and Megatron's pipelines keep
                32      8 * (num_docs + 1)   document start offsets in tokens (uint64), from 0
                                             to num_tokens, never decreasing
 
-Both files are untrusted when read: sizes are checked against the header before anything is
-mapped, offsets are checked, and every error names the file and says what to do. Writers write
-under temporary names and rename the index last, so a half-written pair never reads as whole.
+Both files are untrusted when read: each must be a regular file (a FIFO or device in its place
+is refused, not waited on), sizes are checked against the header before anything is read,
+offsets are checked (as uint64: no wrap-round), and every error names the file and says what to
+do. Writers write under temporary names and rename the index last, so a half-written pair never
+reads as whole.
 
 `TokenDataset` yields fixed-length windows (pre-training) or whole documents (fine-tuning, with
-`pooled_loader.collate.packed()`/`pad()` and `pooled_loader.samplers`), as numpy views of the
-mapping: the worker's only copy is the one into the batch's slot. It is map-style, so a
+`pooled_loader.collate.packed()`/`pad()` and `pooled_loader.samplers`), each read with one
+``pread`` into a new array (a file cut short while read is an error, never a SIGBUS). It is
+map-style, so a
 PooledLoader resumes it exactly. Write files with `write_tokens` (numpy arrays) or
 ``python -m pooled_loader tokens write OUT --from DIR --tokenizer module:function``.
 """
@@ -35,11 +38,15 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from torch.utils.data import Dataset
 
+from .safe_open import open_regular
+
 MAGIC = b"PLTOKIDX"
 VERSION = 1
 HEADER = struct.Struct("<8sI4sQQ")  # magic, version, dtype, num_tokens, num_docs
 DTYPES = ("<u2", "<u4", "<i4", "<i8")  # what a token id file may hold
 TEXT_EXTENSIONS = (".txt", ".md", ".json", ".jsonl")
+MAX_TEXT_BYTES = 1 << 30  # one document per text file: a 1 GiB document is no real text file
+MAX_ID_CHUNK = 1 << 22  # tokens max_id() reads at a time (16 MiB of int32)
 
 
 class TokenFileError(ValueError):
@@ -132,59 +139,83 @@ def write_from_texts(path: str, folder: str, tokenizer: Callable[[str], Any],
     """One document per text file of `folder`, tokenized by `tokenizer(text)`."""
     def docs() -> Iterable[Any]:
         for name in text_files(folder):
-            with open(name, encoding="utf-8", errors="replace") as f:
-                try:
-                    yield tokenizer(f.read())
-                except Exception as exc:
-                    raise ValueError(f"{name}: the tokenizer failed: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+            # a FIFO, a link to /dev/zero or a huge file among them is an error naming it,
+            # not a hang or an endless read
+            f = os.fdopen(open_regular(name, max_bytes=MAX_TEXT_BYTES, what="text file",
+                                       follow=True), encoding="utf-8", errors="replace")
+            with f:
+                text = f.read()
+            try:
+                yield tokenizer(text)
+            except Exception as exc:
+                raise ValueError(f"{name}: the tokenizer failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
     return write_tokens(path, docs(), dtype)
 
 
 # -- reading -------------------------------------------------------------------------------------
+def _open(path: str, what: str, size: int | None = None) -> Any:
+    """``path`` opened for reading if it is a regular file (of ``size`` bytes when given): a
+    FIFO or device in its place is an error naming it, not a hang or an endless read. A link
+    to a regular file is followed (these are the user's own inputs)."""
+    return os.fdopen(open_regular(path, expect_size=size, what=what, follow=True), "rb")
+
+
 def read_index(path: str | os.PathLike) -> tuple[np.dtype, int, np.ndarray]:
     """(dtype, num_tokens, document offsets) of a token file pair, checked."""
     bin_path, idx_path = _paths(path)
     try:
-        idx_size = os.path.getsize(idx_path)
-        bin_size = os.path.getsize(bin_path)
-    except OSError as exc:
+        with _open(bin_path, "token file") as f:
+            bin_size = os.fstat(f.fileno()).st_size
+        idx = _open(idx_path, "token index")
+    except FileNotFoundError as exc:
         raise TokenFileError(f"{exc.filename}: {exc.strerror}; write token files with "
                              "`python -m pooled_loader tokens write` or write_tokens()") from None
-    with open(idx_path, "rb") as f:
-        head = f.read(HEADER.size)
-    if len(head) < HEADER.size or head[:8] != MAGIC:
-        raise TokenFileError(f"{idx_path}: not a token index (bad magic or shorter than its "
-                             "header); rewrite it with `python -m pooled_loader tokens write`")
-    _, version, dtype_raw, num_tokens, num_docs = HEADER.unpack(head)
-    if version != VERSION:
-        raise TokenFileError(f"{idx_path}: token index version {version}, this library reads "
-                             f"version {VERSION}; rewrite it")
-    dtype_str = dtype_raw.rstrip(b"\0").decode("ascii", "replace")
-    if dtype_str not in DTYPES:
-        raise TokenFileError(f"{idx_path}: unknown token dtype {dtype_str!r}")
-    dtype = np.dtype(dtype_str)
-    if idx_size != HEADER.size + 8 * (num_docs + 1):
-        raise TokenFileError(f"{idx_path}: {idx_size} bytes, but its header announces {num_docs} "
-                             "documents; the file is truncated or corrupt: rewrite it")
-    if bin_size != num_tokens * dtype.itemsize:
-        raise TokenFileError(f"{bin_path}: {bin_size} bytes, but {idx_path} announces "
-                             f"{num_tokens} tokens of {dtype.name}; the pair does not match: "
-                             "rewrite it")
-    offsets = np.fromfile(idx_path, dtype="<u8", count=num_docs + 1, offset=HEADER.size)
-    if offsets[0] != 0 or offsets[-1] != num_tokens or np.any(np.diff(offsets.astype(np.int64)) < 0):
+    with idx:
+        idx_size = os.fstat(idx.fileno()).st_size
+        head = idx.read(HEADER.size)
+        if len(head) < HEADER.size or head[:8] != MAGIC:
+            raise TokenFileError(f"{idx_path}: not a token index (bad magic or shorter than its "
+                                 "header); rewrite it with `python -m pooled_loader tokens write`")
+        _, version, dtype_raw, num_tokens, num_docs = HEADER.unpack(head)
+        if version != VERSION:
+            raise TokenFileError(f"{idx_path}: token index version {version}, this library "
+                                 f"reads version {VERSION}; rewrite it")
+        dtype_str = dtype_raw.rstrip(b"\0").decode("ascii", "replace")
+        if dtype_str not in DTYPES:
+            raise TokenFileError(f"{idx_path}: unknown token dtype {dtype_str!r}")
+        dtype = np.dtype(dtype_str)
+        if idx_size != HEADER.size + 8 * (num_docs + 1):
+            raise TokenFileError(f"{idx_path}: {idx_size} bytes, but its header announces "
+                                 f"{num_docs} documents; the file is truncated or corrupt: "
+                                 "rewrite it")
+        if bin_size != num_tokens * dtype.itemsize:
+            raise TokenFileError(f"{bin_path}: {bin_size} bytes, but {idx_path} announces "
+                                 f"{num_tokens} tokens of {dtype.name}; the pair does not "
+                                 "match: rewrite it")
+        raw = idx.read(8 * (num_docs + 1))  # the size check above bounds it by the file
+    offsets = np.frombuffer(raw, dtype="<u8")
+    # compared as uint64: int64 differences of offsets such as 2**63 and 2**64-1 wrap round
+    if (len(offsets) != num_docs + 1 or offsets[0] != 0 or offsets[-1] != num_tokens
+            or np.any(offsets[1:] < offsets[:-1])):
         raise TokenFileError(f"{idx_path}: document offsets are not 0..{num_tokens} in order; "
                              "the file is corrupt: rewrite it")
-    return dtype, int(num_tokens), offsets.astype(np.int64)
+    return dtype, int(num_tokens), offsets.astype(np.int64)  # all <= num_tokens < 2**63
 
 
 class TokenDataset(Dataset):
-    """Windows or documents of a token file pair, as numpy views of its memory map.
+    """Windows or documents of a token file pair, read with one ``pread`` per item.
 
     `seq_len` given: item i is the window of `seq_len` tokens starting at ``i * stride``
     (`stride` defaults to `seq_len`; windows run across document boundaries, as pre-training
     reads them; ask for ``block + 1`` tokens to take shifted targets from each window).
     `seq_len` None: item i is document i, cut to its first `max_len` tokens if given.
+
+    Items are new arrays, not views of a memory map: a ``.bin`` cut short while an epoch runs
+    is then a ``TokenFileError`` naming it at the next item (a short read), where a view read
+    after the cut would kill the process with SIGBUS, and a file larger than the address space
+    a process may map (``ulimit -v``) reads as any other (scripts/benchmarks/bench_ragged.py
+    measures the copy: BENCHMARKS.md).
     """
 
     def __init__(self, path: str | os.PathLike, seq_len: int | None = None,
@@ -200,31 +231,31 @@ class TokenDataset(Dataset):
         if seq_len is not None and self.num_tokens < seq_len:
             raise ValueError(f"{_paths(self.path)[0]}: {self.num_tokens} tokens, fewer than one "
                              f"window of seq_len={seq_len}")
-        self._tokens: np.ndarray | None = None  # mapped on first use, in each process
-        self._file: Any = None
+        self._file: Any = None  # opened on first use, in each process
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_tokens": None, "_file": None}  # workers map it themselves
+        return {**self.__dict__, "_file": None}  # workers open it themselves
 
-    def _map(self) -> np.ndarray:
-        if self._tokens is None:
-            bin_path = _paths(self.path)[0]
-            self._file = open(bin_path, "rb")
-            self._check_size()
-            # a plain ndarray over the mapping (its base keeps the map open), so items are
-            # ordinary arrays for every collate
-            self._tokens = (np.memmap(self._file, dtype=self.dtype, mode="r").view(np.ndarray)
-                            if self.num_tokens else np.empty(0, self.dtype))
-        else:
-            self._check_size()
-        return self._tokens
+    def _open_bin(self) -> Any:
+        bin_path = _paths(self.path)[0]
+        self._file = _open(bin_path, "token file", self.num_tokens * self.dtype.itemsize)
+        return self._file
 
-    def _check_size(self) -> None:
-        """A file cut short while mapped would kill the process (SIGBUS) at the first read past
-        its new end: one fstat per item turns that into an error naming the file."""
-        if os.fstat(self._file.fileno()).st_size < self.num_tokens * self.dtype.itemsize:
-            raise TokenFileError(f"{self._file.name}: the file shrank while it was open (it was "
-                                 f"{self.num_tokens} tokens); was it rewritten in place?")
+    def _tokens(self, start: int, end: int) -> np.ndarray:
+        """Tokens ``start:end`` read from the file; a short read (the file shrank) is an
+        error naming it."""
+        out = np.empty(end - start, self.dtype)
+        fd = (self._file or self._open_bin()).fileno()
+        pos = start * out.itemsize
+        got = os.preadv(fd, (out,), pos)
+        while got < out.nbytes:  # a read can be short (2 GiB at most per call), or the end
+            n = os.preadv(fd, (memoryview(out).cast("B")[got:],), pos + got)
+            if n <= 0:
+                raise TokenFileError(f"{_paths(self.path)[0]}: the file shrank while it was "
+                                     f"open (it was {self.num_tokens} tokens); was it "
+                                     "rewritten in place?")
+            got += n
+        return out
 
     def __len__(self) -> int:
         if self.seq_len is None:
@@ -239,10 +270,13 @@ class TokenDataset(Dataset):
         return lengths if self.max_len is None else np.minimum(lengths, self.max_len)
 
     def max_id(self) -> int:
-        """The largest token id in the file (one pass over the mapping; -1 when empty), e.g. to
-        size an embedding."""
-        tokens = self._map()
-        return int(tokens.max()) if tokens.size else -1
+        """The largest token id in the file (one pass, ``MAX_ID_CHUNK`` tokens at a time; -1
+        when empty), e.g. to size an embedding."""
+        best = -1
+        for start in range(0, self.num_tokens, MAX_ID_CHUNK):
+            best = max(best, int(self._tokens(start, min(start + MAX_ID_CHUNK,
+                                                         self.num_tokens)).max()))
+        return best
 
     def __getitem__(self, i: int) -> np.ndarray:
         n = len(self)
@@ -251,11 +285,11 @@ class TokenDataset(Dataset):
         i %= n
         if self.seq_len is not None:
             start = i * self.stride
-            return self._map()[start:start + self.seq_len]
+            return self._tokens(start, start + self.seq_len)
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         if self.max_len is not None:
             end = min(end, start + self.max_len)
-        return self._map()[start:end]
+        return self._tokens(start, end)
 
 
 # -- command line --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ naming it and the offset (or a counted skip), never a hang, a MemoryError or los
 """
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import os
@@ -17,6 +18,9 @@ from webdataset import TarWriter
 
 from pooled_loader.errors import SampleError, ShardFormatError
 from pooled_loader.shards import read_shard_classes, write_shards
+from pooled_loader import shard_samples as shard_samples_module
+from pooled_loader import tar_reader
+from pooled_loader.constants import MAX_TRAILING_BYTES
 from pooled_loader.tar_reader import MAX_META_BYTES, TarReader
 from pooled_loader.webdataset import WebDataset, count_samples
 
@@ -255,3 +259,65 @@ def test_a_sample_with_a_file_name_twice_is_a_shard_error_naming_the_shard(tmp_p
     path = write(tmp_path, "dup.tar", member("0001.cls", b"1") + member("0001.cls", b"2") + END)
     with pytest.raises(SampleError, match=r"dup\.tar.*0001\.cls: duplicate file name"):
         keys(WebDataset(path))
+
+
+# -- decompressed bytes and trailing data are bounded (issue 35) -------------------------------
+
+@pytest.mark.timeout(60)
+def test_gigabytes_of_zeros_after_the_end_marker_of_a_tiny_bz2_shard_are_refused_unread(
+        tmp_path):
+    """A 20 KiB .tar.bz2 whose stream goes on with 16 GiB of zeros after the end-of-archive
+    marker kept ``WebDataset.__init__`` decompressing for minutes; at most
+    ``MAX_TRAILING_BYTES`` are read after the marker now."""
+    zeros = bz2.compress(bytes(64 << 20))  # bzip2 reads concatenated streams as one
+    path = write(tmp_path, "bomb.tar.bz2", bz2.compress(samples(2) + END) + zeros * 256)
+    assert os.path.getsize(path) < 32 << 10
+    with pytest.raises(SampleError, match=r"bomb\.tar\.bz2: more bytes after the "
+                                          r"end-of-archive marker, more than the \d+ a tar "
+                                          "writer pads"):
+        WebDataset([path])
+
+
+@pytest.mark.parametrize("tail, ok", [(1 << 20, True), (MAX_TRAILING_BYTES + 512, False)])
+def test_padding_after_the_end_marker_of_a_local_tar_is_bounded_without_reading_it(
+        tmp_path, tail, ok):
+    path = write(tmp_path, "pad.tar", samples(2) + END + bytes(tail))  # 1 MiB: tar -b 2048
+    if ok:
+        assert count_samples(path) == 2
+    else:
+        with pytest.raises(SampleError, match=rf"pad\.tar: {tail} bytes after the end-of-"
+                                              "archive marker"):
+            count_samples(path)
+
+
+def big_sample_shard(tmp_path, name, members, size):
+    data = b"".join(member(f"0000.m{k}", bytes(size)) for k in range(members))
+    data += samples(1, start=1) + END
+    return write(tmp_path, name, gzip.compress(data) if name.endswith(".gz") else data)
+
+
+def test_the_member_bytes_of_one_sample_are_bounded_naming_shard_sample_and_member(
+        tmp_path, monkeypatch):
+    """Each member under the per-member cap, but many of them in one sample: a tiny .tar.gz
+    held any amount of memory. ``MAX_SAMPLE_BYTES`` (4 GiB) is lowered to 1 MiB here."""
+    monkeypatch.setattr(shard_samples_module, "MAX_SAMPLE_BYTES", 1 << 20, raising=False)
+    fits = big_sample_shard(tmp_path, "fits.tar.gz", 2, 400 << 10)
+    assert [sorted(s) for s in WebDataset([fits], shuffle_shards=False)][0][-2:] == ["m0", "m1"]
+    path = big_sample_shard(tmp_path, "many.tar.gz", 3, 400 << 10)
+    with pytest.raises(SampleError, match=r"many\.tar\.gz: sample '0000': member '0000\.m2' "
+                                          r"brings it to 1228800 bytes, more than the 1048576"):
+        list(WebDataset([path], samples_per_epoch=2))
+
+
+@pytest.mark.parametrize("name, ok", [("big.tar.gz", False), ("big.tar", True)])
+def test_what_a_compressed_shard_expands_to_is_bounded(tmp_path, monkeypatch, name, ok):
+    """``MAX_DECOMPRESSED_SHARD_BYTES`` (16 GiB) lowered to 2 MiB: a .tar.gz expanding to 3 MiB
+    is refused naming it; the same bytes uncompressed are read (nothing to expand)."""
+    monkeypatch.setattr(tar_reader, "MAX_DECOMPRESSED_SHARD_BYTES", 2 << 20, raising=False)
+    path = big_sample_shard(tmp_path, name, 3, 1 << 20)
+    if ok:
+        assert count_samples(path) == 2
+    else:
+        with pytest.raises(SampleError, match=r"big\.tar\.gz: a compressed shard expanding "
+                                              r"past 2097152 bytes"):
+            count_samples(path)

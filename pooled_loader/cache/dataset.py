@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..progress import progress_bar
+from ..safe_open import open_regular
 from .fingerprint import digest, fingerprint_info, variant_for_epoch
 from .format import (
     PREAMBLE_SIZE, VAR_KINDS, CacheFormatError, CacheIncompleteError, CacheMismatchError,
@@ -88,9 +89,10 @@ class CachedDataset:
                     "run build_cache() (or `python -m pooled_loader cache build`) with the same "
                     "dataset again to finish it")
             raise FileNotFoundError(f"{path}: no such cache file")
-        with open(path, "rb") as f:
+        # a FIFO or device at `path` is refused naming it (open() of a FIFO blocks forever)
+        with os.fdopen(open_regular(path, what="cache file", follow=True), "rb") as f:
             fsize = os.fstat(f.fileno()).st_size
-            hdr = read_header(path, fsize, f.read(PREAMBLE_SIZE))
+            hdr = read_header(path, fsize, f.read(PREAMBLE_SIZE), f.fileno())
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count, variants = hdr["count"], hdr["variants"]
         tree, leaves = infer_layout_from_tree(hdr["layout"])

@@ -63,6 +63,7 @@ import numpy as np
 
 from .. import trees
 from ..constants import ALIGN, round_up
+from ..safe_open import open_regular
 from ..errors import (  # noqa: F401  (the cache's errors, importable from here as before)
     CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, CacheRecordError,
     CacheSampleError,
@@ -401,13 +402,16 @@ def infer_layout_from_tree(tree: dict) -> tuple[dict, list[dict]]:
     return tree, trees.leaf_nodes(_spec(tree))
 
 
-def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -> dict:
+def read_header(path: str, fsize: int | None = None, pre: bytes | None = None,
+                fd: int | None = None) -> dict:
     """Check the preamble and return the JSON header of a complete cache file, validated by
-    ``check_header`` (CacheFormatError naming ``path`` for anything amiss)."""
-    if pre is None:
-        with open(path, "rb") as f:
-            pre = f.read(PREAMBLE_SIZE)
-            fsize = os.fstat(f.fileno()).st_size
+    ``check_header`` (CacheFormatError naming ``path`` for anything amiss). ``fd``: the file
+    already open (``fsize`` and ``pre`` read from it); else ``path`` is opened, refused if it
+    is not a regular file."""
+    if fd is None:
+        with os.fdopen(open_regular(path, what="cache file", follow=True), "rb") as f:
+            return read_header(path, os.fstat(f.fileno()).st_size, f.read(PREAMBLE_SIZE),
+                               f.fileno())
     p = unpack_preamble(pre, path)
     if p.state != STATE_COMPLETE:
         raise CacheIncompleteError(f"{path}: unfinished build (never completed); run "
@@ -415,8 +419,7 @@ def read_header(path: str, fsize: int | None = None, pre: bytes | None = None) -
     if p.hdr_off + p.hdr_len > fsize:
         raise CacheFormatError(f"{path}: truncated: {fsize} bytes, the header ends at byte "
                                f"{p.hdr_off + p.hdr_len}; rebuild the cache")
-    with open(path, "rb") as f:
-        hb = os.pread(f.fileno(), p.hdr_len, p.hdr_off)
+    hb = os.pread(fd, p.hdr_len, p.hdr_off)
     if zlib.crc32(hb) != p.hdr_crc:
         raise CacheFormatError(f"{path}: corrupted header (checksum mismatch); rebuild the cache")
     try:

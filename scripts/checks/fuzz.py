@@ -1,5 +1,5 @@
-"""Fuzz the readers of untrusted inputs: JPEG decode, tar shards, cache headers (issue 24),
-loaded states (issue 35).
+"""Fuzz the readers of untrusted inputs: JPEG decode, tar shards, cache headers (issue 24), token
+indexes, shard indexes and loaded states (issue 35).
 
     python scripts/checks/fuzz.py --seconds 600                  # every target, 600 s each
     python scripts/checks/fuzz.py --target tar --seconds 3600 --corpus fuzz_corpus
@@ -17,6 +17,12 @@ Targets (each takes one input's bytes):
 - ``state``: a real loader, sampler, elastic or WebDataset state with numbers and types changed
   as the bytes say (``mutate_state``), loaded, then its first batches drawn. Allowed:
   ValueError (StateMismatch), TypeError.
+- ``tokidx``: the bytes are a token ``.idx`` (beside a ``.bin`` of the size its header
+  announces, when that is small), opened with ``tokens.TokenDataset`` and every document read.
+  Allowed: TokenFileError.
+- ``shardidx``: the bytes are the ``.idx.json`` of a real small shard, loaded with
+  ``shard_index.load_index`` and every entry read with ``shard_index.read_sample`` (the checks
+  global shuffle makes). Allowed: SampleError (ShardIndexError, ShardFormatError).
 
 Anything else (another exception, a crash, a hang past libFuzzer's timeout) is a finding. The
 script makes its own seed corpus (small JPEGs, ``shards write``-like tars, one cache) in
@@ -49,15 +55,18 @@ sys.path.insert(0, ROOT)
 
 
 def _load() -> None:
-    global pl_cache, pl_format, pl_errors, pl_tar, pl_wds, pl_decode
+    global pl_cache, pl_format, pl_errors, pl_tar, pl_wds, pl_decode, pl_tokens, pl_index
     import pooled_loader.cache as pl_cache
+    import pooled_loader.shard_index as pl_index
+    import pooled_loader.tokens as pl_tokens
     import pooled_loader.cache.format as pl_format
     import pooled_loader.errors as pl_errors
     import pooled_loader.tar_reader as pl_tar
     import pooled_loader.vision.decode as pl_decode
     import pooled_loader.webdataset as pl_wds
 
-TARGETS = ("jpeg", "tar", "cache", "state")
+TARGETS = ("jpeg", "tar", "cache", "state", "tokidx", "shardidx")
+SMALL_BIN = 1 << 20  # tokidx: a .bin is written at the announced size up to this
 MAX_LEN = 1 << 16  # inputs longer than this are cut: the bugs sought live in headers
 
 
@@ -93,6 +102,12 @@ def make_corpus(root: str) -> None:
         _put(root, "tar", i, out.getvalue())
     _put(root, "cache", 0, _base_cache()[1])
     _put_state_seeds(root)
+    with tempfile.TemporaryDirectory() as d:
+        for i, docs in enumerate(([[1, 2, 3], [], [4] * 9], [list(range(40))] * 5, [])):
+            pl_tokens.write_tokens(os.path.join(d, "t"), docs,
+                                   dtype=np.uint16 if i else np.int64)
+            _put(root, "tokidx", i, open(os.path.join(d, "t.idx"), "rb").read())
+    _put(root, "shardidx", 0, _base_shard()[1])
 
 
 def _put(root: str, target: str, i: int, data: bytes) -> None:
@@ -133,6 +148,27 @@ def _base_cache() -> tuple[bytes, bytes, int]:
         p = pl_format.unpack_preamble(raw[:pl_format.PREAMBLE_SIZE], "seed")
         _BASE = (raw[:p.hdr_off], raw[p.hdr_off:p.hdr_off + p.hdr_len], p.hdr_off)
     return _BASE
+
+
+_SHARD: tuple = ()
+
+
+def _base_shard() -> tuple[bytes, bytes]:
+    """(tar bytes, index JSON) of a small real shard."""
+    global _SHARD
+    if not _SHARD:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            _add(tf, "__classes__", b'["a"]')
+            for k in range(4):
+                _add(tf, f"{k:04d}.cls", b"0")
+                _add(tf, f"{k:04d}.txt", b"x" * (k * 300))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s.tar")
+            with open(path, "wb") as f:
+                f.write(out.getvalue())
+            _SHARD = (out.getvalue(), open(pl_index.write_index(path), "rb").read())
+    return _SHARD
 
 
 # -- targets ----------------------------------------------------------------------------------
@@ -219,6 +255,39 @@ def fuzz_cache(hb: bytes, path: str) -> None:
         pass
 
 
+def fuzz_tokidx(data: bytes, path: str) -> None:
+    with open(path + ".idx", "wb") as f:
+        f.write(data)
+    head = data[:pl_tokens.HEADER.size]
+    nbytes = 0
+    if len(head) == pl_tokens.HEADER.size:
+        tokens, dtype = pl_tokens.HEADER.unpack(head)[3], head[12:16].rstrip(b"\0")
+        nbytes = tokens * (8 if dtype == b"<i8" else 2 if dtype == b"<u2" else 4)
+    with open(path + ".bin", "wb") as f:
+        f.truncate(nbytes if nbytes <= SMALL_BIN else 64)
+    try:
+        ds = pl_tokens.TokenDataset(path)
+        for i in range(min(len(ds), 1000)):
+            ds[i]
+        ds.lengths()
+    except pl_tokens.TokenFileError:
+        pass
+
+
+def fuzz_shardidx(data: bytes, shard: str) -> None:
+    if not os.path.exists(shard):
+        with open(shard, "wb") as f:
+            f.write(_base_shard()[0])
+    with open(pl_index.index_url(shard), "wb") as f:
+        f.write(data)
+    try:
+        ix = pl_index.load_index(shard)
+        for i in range(len(ix)):
+            pl_index.read_sample(shard, ix, i)
+    except pl_errors.SampleError:
+        pass
+
+
 def target_fn(name: str, scratch: str, wide: bool):
     path = os.path.join(scratch, f"input.{name}")
     if name == "jpeg":
@@ -227,6 +296,10 @@ def target_fn(name: str, scratch: str, wide: bool):
         return lambda data: fuzz_tar(data, path + ".tar")
     if name == "state":
         return fuzz_state
+    if name == "tokidx":
+        return lambda data: fuzz_tokidx(data, path)
+    if name == "shardidx":
+        return lambda data: fuzz_shardidx(data, path + ".tar")
     return lambda data: fuzz_cache(data, path)
 
 
