@@ -43,7 +43,7 @@ from .constants import MAX_WORLD_SIZE
 from .errors import SampleError, ShardIndexError
 from .shard_cache import is_cacheable
 from .shard_index import read_sample
-from .shard_samples import Sample, error_reason, shard_samples
+from .shard_samples import Sample, error_reason
 from .state_checks import StateChecks
 from .wds_state import check_keys
 
