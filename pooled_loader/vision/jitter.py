@@ -5,20 +5,23 @@ calls ``ImageEnhance.Brightness / Contrast / Color``, each ``Image.blend(degener
 factor)``: per byte ``(uint8)(d + factor * (x - d))`` in float32, clipped to 0..255 and
 truncated, where the degenerate image ``d`` is black (brightness), the mean of the grey image
 rounded to an integer (contrast) or the pixel's own grey (saturation). Grey is Pillow's
-``convert("L")``: ``(19595 R + 38470 G + 7471 B + 0x8000) >> 16``. The first two are a 256-entry
-table per call; saturation is a few numpy passes over the image. Hue (an HSV round trip in
+``convert("L")``: ``(19595 R + 38470 G + 7471 B + 0x8000) >> 16``. Hue (an HSV round trip in
 Pillow) is not here: a ColorJitter with hue runs as torchvision's own op.
 
-Measured (scripts/benchmarks/bench_torchvision_swap.py's jitter line): a 224x224 image through
-brightness, contrast and saturation in ~0.5 ms on one core, against ~1.5 ms for Pillow's three
-``enhance`` calls on the same image; numpy is enough, no compiled kernel.
+Two implementations, the same bytes (tests/test_torchvision_swap.py checks both against
+Pillow): the compiled ``_kernels.enhance`` (csrc/kernels.c), used when built, and numpy (a
+256-entry table per call for brightness and contrast, float32 passes for saturation). The
+compiled one exists because numpy was not enough: a 224x224 image through brightness, contrast
+and saturation took 1.8 ms in numpy against 2.2 ms for Pillow's three ``enhance`` calls, which
+left timm's default training transform at ~1.1x DataLoader; see BENCHMARKS.md for the compiled
+figure (scripts/benchmarks/bench_torchvision_swap.py prints it first).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from pooled_loader.vision.buffers import Scratch
-from pooled_loader.vision.kernels import _get_cv2
+from pooled_loader.vision.kernels import _get_cv2, _kernels
 
 _RAMP = np.arange(256, dtype=np.float32)
 _GREY_WEIGHTS = (19595, 38470, 7471)  # Pillow's ITU-R 601-2 luma in 16-bit fixed point
@@ -79,16 +82,19 @@ def saturation_(img: np.ndarray, factor: float, scratch: Scratch) -> None:
         np.copyto(img[c], t, casting="unsafe")  # float -> uint8 truncates, as Pillow's cast
 
 
-def jitter_(img: np.ndarray, order: list[int], factors: tuple, scratch: Scratch) -> None:
-    """ColorJitter's ``transform`` in place: for each index of ``order`` (0 brightness,
-    1 contrast, 2 saturation; 3, hue, must be None) apply its factor when not None."""
-    b, c, s, h = factors
-    if h is not None:
+def jitter_(img: np.ndarray, order: list[int], factors: tuple, scratch: Scratch,
+            compiled: bool = True) -> None:
+    """ColorJitter's ``transform`` in place on a C-contiguous (3, h, w) uint8 image: for each
+    index of ``order`` (0 brightness, 1 contrast, 2 saturation; 3, hue, must be None) apply its
+    factor when not None. ``compiled=False`` takes the numpy route even where the extension is
+    built (for tests)."""
+    if factors[3] is not None:
         raise ValueError("hue is not supported here (it runs as torchvision's own op)")
+    numpy_ops = (lambda f: brightness_(img, f), lambda f: contrast_(img, f, scratch),
+                 lambda f: saturation_(img, f, scratch))
     for fn in order:
-        if fn == 0 and b is not None:
-            brightness_(img, b)
-        elif fn == 1 and c is not None:
-            contrast_(img, c, scratch)
-        elif fn == 2 and s is not None:
-            saturation_(img, s, scratch)
+        if fn < 3 and factors[fn] is not None:
+            if compiled and _kernels is not None:
+                _kernels.enhance(img, fn, float(factors[fn]))
+            else:
+                numpy_ops[fn](float(factors[fn]))
