@@ -148,7 +148,7 @@ def main() -> None:
     a = ap.parse_args()
     if not os.path.isdir(a.data):
         from make_dataset import make_dataset
-        make_dataset(a.data, n=a.n)
+        make_dataset(a.data, n=a.n, progress=False)
     jitter_micro()
     rows = pipelines(a.data)
     if a.only:
