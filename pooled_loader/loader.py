@@ -157,7 +157,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self.per_sample_seed = bool(per_sample_seed)
         # a torchvision ImageFolder + Compose run on the fused image path (docs/vision.md)
         self.accelerate_transforms = bool(accelerate_transforms)
-        self._fused: Any = None  # None: not looked at yet; False: runs as it is
+        self._fused: Any = None  # the FusedFolder of the latest epoch, or None
+        self._fused_line: str | None = None  # the line logged about it
         self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
@@ -342,7 +343,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def stats(self) -> dict:
         """Pool statistics and where the time goes (docs/observability.md)."""
         snap = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
-        if self._fused is not None and self._fused is not False:
+        if self._fused is not None:
             snap["transforms"] = self._fused.describe()
         return snap
 
@@ -419,15 +420,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
 
     def _worker_dataset(self) -> Any:
         """The dataset the workers read: a torchvision folder dataset whose transform runs on
-        the fused image path (``vision.torchvision_fused``), or the user's own."""
-        if self._fused is None:
-            self._fused = False
-            if self.accelerate_transforms and not isinstance(self.dataset, IterableDataset) \
-                    and _maybe_folder(self.dataset):
-                from .vision.torchvision_fused import translate
-                fused = translate(self.dataset)
-                self._fused = False if fused is None else fused
-        return self.dataset if self._fused is False else self._fused
+        the fused image path (``vision.torchvision_fused``), or the user's own. Read again at
+        every epoch, as DataLoader's workers see a transform changed between epochs."""
+        self._fused = None
+        if self.accelerate_transforms and not isinstance(self.dataset, IterableDataset) \
+                and _maybe_folder(self.dataset):
+            from .vision.torchvision_fused import translate
+            self._fused, self._fused_line = translate(self.dataset, self._fused_line)
+        return self.dataset if self._fused is None else self._fused
 
     def _pooled_collate(self) -> Callable | None:
         """None when the collate function is the one DataLoader picks by default (we then

@@ -67,9 +67,13 @@ from pooled_loader.vision import ImageFolder as PooledFolder  # noqa: E402
 from pooled_loader.vision.buffers import Scratch  # noqa: E402
 from pooled_loader.vision.jitter import jitter_  # noqa: E402
 from pooled_loader.vision.kernels import ext_available  # noqa: E402
-from pooled_loader.vision.torchvision_fused import translate  # noqa: E402
+from pooled_loader.vision import torchvision_fused  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def translate(dataset):
+    return torchvision_fused.translate(dataset)[0]
 
 
 def _exif_rotated(img: np.ndarray) -> bytes:
@@ -309,3 +313,15 @@ def test_a_center_crop_larger_than_the_image_is_left_to_torchvision(folder):
         assert torch.equal(got, want)
         assert torch.equal(after_got, after_want)  # the draws after it are torchvision's too
     assert 0 < smaller < len(ds) and fused.fallbacks == smaller
+
+
+def test_a_transform_changed_between_epochs_is_read_again(folder, caplog):
+    ds = datasets.ImageFolder(folder, transform=v1.Compose([v1.CenterCrop(32), v1.PILToTensor()]))
+    loader = PooledLoader(ds, batch_size=3, num_workers=2)
+    with caplog.at_level(logging.INFO, logger="pooled_loader"):
+        assert next(iter(loader))[0].shape[-1] == 32
+        assert next(iter(loader))[0].shape[-1] == 32  # the same plan: not logged again
+        ds.transform = v1.Compose([v1.CenterCrop(48), v1.PILToTensor()])
+        assert next(iter(loader))[0].shape[-1] == 48
+    lines = [r.getMessage() for r in caplog.records if "torchvision transform" in r.getMessage()]
+    assert len(lines) == 2 and "CenterCrop(size=(48, 48))" in lines[1]

@@ -72,27 +72,32 @@ def _source(dataset: Any) -> tuple[Any, str]:
     return dataset.transform, ""
 
 
-def translate(dataset: Any) -> FusedFolder | None:
-    """A :class:`FusedFolder` running ``dataset``'s samples on the fused path, or None (with
-    one log line saying why when the transform was a torchvision Compose)."""
+def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | None, str | None]:
+    """(a :class:`FusedFolder` running ``dataset``'s samples on the fused path, or None; the
+    line that says so, or None when there is nothing to say). The line is logged (INFO,
+    "pooled_loader") unless it equals ``logged``, the one logged before."""
     if "torchvision" not in sys.modules and type(dataset).__module__.split(".")[0] != \
             "pooled_loader":
-        return None
+        return None, None
     transform, why = _source(dataset)
     if transform is None and not why:
-        return None
+        return None, None
     plan = tp.read_plan(transform) if transform is not None else None
+    fused = None
     if plan is None:
-        if tp.compose_ops(transform) is not None or why:
-            log.info("PooledLoader: the torchvision transform runs as it is (%s)",
-                     why or "its first op has no fused equivalent")
-        return None
-    fused = FusedFolder(dataset, plan)
-    d = plan.describe()
-    log.info("PooledLoader: accelerated torchvision transform: fused [%s]; as is [%s]%s",
-             ", ".join(d["fused"]), ", ".join(d["as_is"]),
-             f" ({d['why_not_fused']})" if d["as_is"] else "")
-    return fused
+        if tp.compose_ops(transform) is None and not why:
+            return None, None
+        line = ("PooledLoader: the torchvision transform runs as it is "
+                f"({why or 'its first op has no fused equivalent'})")
+    else:
+        fused = FusedFolder(dataset, plan)
+        d = plan.describe()
+        line = ("PooledLoader: accelerated torchvision transform: fused [{}]; as is [{}]{}".format(
+            ", ".join(d["fused"]), ", ".join(d["as_is"]),
+            f" ({d['why_not_fused']})" if d["as_is"] else ""))
+    if line != logged:
+        log.info("%s", line)
+    return fused, line
 
 
 class FusedFolder:
