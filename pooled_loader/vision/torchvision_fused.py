@@ -111,6 +111,9 @@ class FusedFolder:
         self._reset()
 
     def _reset(self) -> None:
+        plan = self.plan  # the kernel's (v/255 - mean)/std for the folded v * mul + add
+        self._mean_std = ([-a / (m * 255) for m, a in zip(plan.mul, plan.add)],
+                          [1 / (m * 255) for m in plan.mul])
         self._pid = os.getpid()
         self.scratch = Scratch()
         self.fallbacks = 0  # samples made by the dataset's own __getitem__
@@ -215,9 +218,8 @@ class FusedFolder:
         flip = geo["flip"]
         fold = as_float and not crop and geo["jitter"] is None
         if fold:  # the whole chain in one kernel call
-            mean = [-a / (m * 255) for m, a in zip(plan.mul, plan.add)]
-            std = [1 / (m * 255) for m in plan.mul]
-            crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), out, flip, mean, std)
+            crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), out, flip,
+                                 *self._mean_std)
         else:
             u8 = out if not as_float else self.scratch.array("u8", shape, np.uint8)
             if crop:

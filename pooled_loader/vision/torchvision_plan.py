@@ -14,16 +14,20 @@ a per-channel affine map ``v * mul + add`` of the uint8 value ``v``). Geometry r
 ``pil`` and ``u8`` images, the colour jitter only on ``pil`` ones (on a tensor torchvision's
 own op is as fast as ours).
 
-Random parameters are drawn by the op's own code (``get_params`` / ``make_params``) on a
-stand-in tensor of the image's size, so they come from the same RNG (torch's global one, or
-Python's ``random`` for timm's crop) in the same order as under DataLoader. Imports: torch and
+Random parameters are drawn as the ops draw them, from the same RNG (torch's global one, or
+Python's ``random`` for timm's crop) in the same order as under DataLoader: by the op's own
+code (``get_params`` / ``make_params``) for ColorJitter and timm's crop, and by the same
+sequence of torch calls for torchvision's RandomResizedCrop (its own method spends ~50 us a
+sample checking its input). Imports: torch and
 torchvision only (this module is imported only when torchvision already is).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 # op kinds (Step.kind)
@@ -39,6 +43,7 @@ class Step:
     op: Any
     version: str  # "v1", "v2" or "timm": how its parameters are drawn
     size: tuple[int, int] | None = None  # crops: the output (height, width)
+    log_ratio: tuple[float, float] | None = None  # RandomResizedCrop's, as torchvision has it
 
 
 @dataclass
@@ -184,7 +189,10 @@ class _Reader:
             return self.stop("RandomResizedCrop: size not understood")
         self.resized = True
         plan.python_random |= version == "timm"
-        plan.steps.append(Step(kind, op, version, size))
+        step = Step(kind, op, version, size)
+        if kind == RESIZED_CROP and version != "timm":  # float32 logs, as both versions keep
+            step.log_ratio = tuple(float(v) for v in torch.log(torch.tensor(op.ratio)))
+        plan.steps.append(step)
         return True
 
     def _jitter(self, op: Any, version: str) -> bool:
@@ -266,12 +274,37 @@ def _stand_in(h: int, w: int) -> torch.Tensor:
 
 def draw_box(step: Step, h: int, w: int) -> tuple[int, int, int, int]:
     """(top, left, height, width) of a RandomResizedCrop on an h x w image, drawn as the op
-    draws it."""
+    draws it: timm's by its own ``get_params`` (Python's random), torchvision's v1 and v2 (the
+    same algorithm, the same torch calls) by :func:`_torch_box`."""
     op = step.op
-    if step.version == "v2":
-        p = op.make_params([_stand_in(h, w)])
-        return p["top"], p["left"], p["height"], p["width"]
-    return tuple(int(v) for v in type(op).get_params(_stand_in(h, w), op.scale, op.ratio))
+    if step.version == "timm":
+        return tuple(int(v) for v in type(op).get_params(_stand_in(h, w), op.scale, op.ratio))
+    return _torch_box(h, w, op.scale, step.log_ratio, op.ratio)
+
+
+def _torch_box(h: int, w: int, scale: Any, log_ratio: Any, ratio: Any) -> tuple:
+    """torchvision's RandomResizedCrop parameters (v1 ``get_params``, v2 ``make_params``), call
+    for call: the same draws from torch's global RNG in the same order, without their input
+    checks (~50 us a sample). tests/test_torchvision_swap.py compares every box with
+    DataLoader's."""
+    area = h * w
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        cw = int(round(math.sqrt(target_area * aspect_ratio)))
+        ch = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            top = torch.randint(0, h - ch + 1, size=(1,)).item()
+            left = torch.randint(0, w - cw + 1, size=(1,)).item()
+            return top, left, ch, cw
+    in_ratio = float(w) / float(h)
+    if in_ratio < min(ratio):
+        cw, ch = w, int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        ch, cw = h, int(round(h * max(ratio)))
+    else:
+        cw, ch = w, h
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
 def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:
@@ -286,8 +319,10 @@ def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:
 
 
 def draw_flip(step: Step) -> bool:
-    """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw)."""
-    return bool(torch.rand(1) < step.op.p)
+    """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw). torch
+    compares in float32, so ``p`` is rounded to float32 first; comparing the drawn number in
+    Python saves a tensor op (~8 us)."""
+    return torch.rand(1).item() < float(np.float32(step.op.p))
 
 
 def draw_jitter(step: Step) -> tuple[list[int], tuple]:
