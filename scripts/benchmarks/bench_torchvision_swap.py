@@ -21,8 +21,11 @@ Rows (each an ImageFolder over the same JPEGs, batch 256, 2 workers, shuffled):
 Each round runs every pair, the two loaders alternating which goes first; a loader runs one
 untimed epoch (worker start, first-batch sizing) then one timed epoch. The figure per row is the
 median over rounds of the per-round ratio. The machine this was written on is shared (2 cores,
-other jobs): compare the ratios, not the images/s. A jitter micro-benchmark (ours vs Pillow's
-three ``ImageEnhance`` calls on a 224x224 image, one core) is printed first.
+other jobs): compare the ratios, not the images/s. Printed first, because CPU time is steadier
+than wall-clock time on a shared machine: a jitter micro-benchmark (ours vs Pillow's three
+``ImageEnhance`` calls on a 224x224 image) and each row's CPU milliseconds per sample in this
+process, one thread (the peer dataset's ``__getitem__`` against the dataset PooledLoader's
+workers run, writing into a reused row as they write into the slot).
 """
 from __future__ import annotations
 
@@ -111,6 +114,30 @@ def one_epoch(make, expect: int) -> float:
     return it_per_epoch[1]
 
 
+def cpu_per_sample(rows: dict, n: int = 200) -> None:
+    from pooled_loader.loader import _maybe_folder
+    from pooled_loader.vision.torchvision_fused import translate
+    torch.set_num_threads(1)
+    print("CPU ms per sample, one thread (peer / ours, ratio):")
+    for name, (peer_ds, our_ds, peer_kind) in rows.items():
+        fused = translate(our_ds)[0] if _maybe_folder(our_ds) else None
+        ours = fused if fused is not None else our_ds
+        if peer_kind == "PooledLoader":  # the peer's dataset as PooledLoader's workers run it
+            peer_ds = translate(peer_ds)[0] or peer_ds
+        first = ours[0][0]
+        row = np.empty_like(np.asarray(first))
+        into = getattr(ours, "getitem_into", None)
+        figures = []
+        for fn in (lambda i: peer_ds[i], (lambda i: into(i, (row, None))) if into else
+                   (lambda i: ours[i])):
+            fn(1)
+            t0 = time.process_time()
+            for i in range(n):
+                fn(i % len(peer_ds))
+            figures.append((time.process_time() - t0) / n * 1e3)
+        print(f"  {name}: {figures[0]:.2f} / {figures[1]:.2f} ms, {figures[0] / figures[1]:.2f}x")
+
+
 def jitter_micro() -> None:
     from PIL import Image, ImageEnhance
     from pooled_loader.vision.buffers import Scratch
@@ -153,6 +180,7 @@ def main() -> None:
     rows = pipelines(a.data)
     if a.only:
         rows = {k: v for k, v in rows.items() if any(s in k for s in a.only.split(","))}
+    cpu_per_sample(rows)
     expect = len(next(iter(rows.values()))[0])
     kw = dict(batch_size=a.batch, num_workers=a.workers, shuffle=True)
     ratios: dict[str, list[float]] = {k: [] for k in rows}
@@ -174,6 +202,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for name in rows:
         rs = ratios[name]
+        if not rs:  # --rounds 0: the CPU figures only
+            continue
         ours = statistics.median(s[0] for s in speeds[name])
         peer = statistics.median(s[1] for s in speeds[name])
         print(f"| {name} | {statistics.median(rs):.2f}x | {', '.join(f'{x:.2f}' for x in rs)} "
