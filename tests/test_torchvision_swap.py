@@ -325,3 +325,18 @@ def test_a_transform_changed_between_epochs_is_read_again(folder, caplog):
         assert next(iter(loader))[0].shape[-1] == 48
     lines = [r.getMessage() for r in caplog.records if "torchvision transform" in r.getMessage()]
     assert len(lines) == 2 and "CenterCrop(size=(48, 48))" in lines[1]
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_named_like_an_image_is_refused_not_waited_on(tmp_path):
+    from pooled_loader.errors import SampleError
+    imgutil.write(str(tmp_path / "a" / "ok.jpg"), imgutil.jpeg("astronaut", (64, 64)))
+    os.mkfifo(tmp_path / "a" / "x.jpg")
+    transform = v1.Compose([v1.CenterCrop(32), v1.PILToTensor()])
+    fused = translate(datasets.ImageFolder(str(tmp_path), transform=transform))
+    index = [p for p, _ in fused.dataset.samples].index(str(tmp_path / "a" / "x.jpg"))
+    with pytest.raises(OSError, match="x.jpg: not a regular file"):
+        fused[index]
+    pooled = PooledFolder(str(tmp_path), transform=v2.Compose([v2.CenterCrop(32)]))
+    with pytest.raises(SampleError, match="x.jpg.*not a regular file"):
+        pooled.getitem_into(index, (np.empty((32, 32, 3), np.uint8), None))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import stat
 import sys
 from typing import Any
 
@@ -37,15 +36,12 @@ import torch
 
 from pooled_loader.errors import SampleError
 from pooled_loader.vision import torchvision_plan as tp
-from pooled_loader.vision.buffers import Scratch
+from pooled_loader.vision.buffers import Scratch, read_file
 from pooled_loader.vision.decode import decode_crop_into, read_header
 from pooled_loader.vision.jitter import jitter_
 from pooled_loader.vision.kernels import crop_resize_flip_chw
 
 log = logging.getLogger("pooled_loader")
-
-MAX_FILE_BYTES = 1 << 30  # an image file larger than this is refused (1 GiB)
-
 
 class _Fallback(Exception):
     """This sample is made by the dataset's own ``__getitem__``."""
@@ -158,28 +154,8 @@ class FusedFolder:
 
     # -- one image
 
-    def _read(self, path: str) -> np.ndarray:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(f"{path}: not a regular file (a FIFO, device or folder)")
-            if st.st_size > MAX_FILE_BYTES:
-                raise OSError(f"{path}: {st.st_size} bytes, over the {MAX_FILE_BYTES}-byte "
-                              "limit (pooled_loader.vision.torchvision_fused.MAX_FILE_BYTES)")
-            buf = self.scratch.flat("file", st.st_size)
-            got = 0
-            while got < st.st_size:
-                k = os.readv(fd, [buf[got:]])
-                if not k:
-                    break
-                got += k
-        finally:
-            os.close(fd)
-        return buf[:got]
-
     def _image(self, path: str, dst: np.ndarray | None) -> Any:
-        data = self._read(path)
+        data = read_file(path, self.scratch)
         try:
             hdr = read_header(data)
         except SampleError:

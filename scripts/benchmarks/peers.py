@@ -280,8 +280,13 @@ def run_torch_pil(data_dir: str, batch: int = 256, workers: int = 2, epochs: int
         import PIL  # noqa: F401
     except ImportError as e:
         raise PeerUnavailable(f"torch DataLoader + Pillow needs torch and pillow ({e})") from e
-    ds = _PILFolder(data_dir)
-    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+    return _time_dataloader(DataLoader, _PILFolder(data_dir), batch, workers, epochs, warmup)
+
+
+def _time_dataloader(loader_cls, ds, batch: int, workers: int, epochs: int,
+                     warmup: int) -> list[float]:
+    """images/s of a DataLoader over ``ds`` (shuffled, persistent workers)."""
+    dl = loader_cls(ds, batch_size=batch, shuffle=True, num_workers=workers,
                     persistent_workers=workers > 0, drop_last=False)
     try:
         return time_epochs(lambda: dl, epochs, warmup, expect=len(ds))
@@ -315,13 +320,8 @@ def run_torch_decode_jpeg(data_dir: str, batch: int = 256, workers: int = 2, epo
     except (ImportError, RuntimeError) as e:
         raise PeerUnavailable(f"torchvision's decode_jpeg recipe needs a torchvision that "
                               f"imports with this torch (pip install torchvision) ({e})") from e
-    ds = _DecodeJpegFolder(data_dir)
-    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                    persistent_workers=workers > 0, drop_last=False)
-    try:
-        return time_epochs(lambda: dl, epochs, warmup, expect=len(ds))
-    finally:
-        del dl
+    return _time_dataloader(DataLoader, _DecodeJpegFolder(data_dir), batch, workers, epochs,
+                            warmup)
 
 
 # --------------------------------------------------------------------------------------------
