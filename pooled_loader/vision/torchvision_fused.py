@@ -145,12 +145,23 @@ class FusedFolder:
             image = self._image(path, dst if isinstance(dst, np.ndarray) else None)
         except _Fallback:
             self.fallbacks += 1
-            return self.dataset[index]
+            return self._as_is(index, path, target)
         except SampleError as e:
             raise SampleError(f"{path}: {e}") from e
         if not self.pooled and self.dataset.target_transform is not None:
             target = self.dataset.target_transform(target)
         return image, target
+
+    def _as_is(self, index: int, path: str, target: Any) -> tuple[Any, Any]:
+        """The sample as torchvision makes it: the dataset's own ``__getitem__``; for
+        pooled_loader's ImageFolder (whose items are encoded bytes) torchvision's ``pil_loader``
+        and the transform."""
+        if not self.pooled:
+            return self.dataset[index]
+        from PIL import Image
+        with open(path, "rb") as f:
+            image = Image.open(f).convert("RGB")
+        return self.dataset.transform(image), target
 
     # -- one image
 
