@@ -48,7 +48,8 @@ class _Fallback(Exception):
 
 
 def _source(dataset: Any) -> tuple[Any, str]:
-    """(transform, "") when ``dataset`` is a folder dataset we can read, else (None, why)."""
+    """(transform, "") when ``dataset`` is a folder dataset we can read, else (None, why), why
+    being "" for a dataset that is not a folder dataset at all."""
     from pooled_loader.vision.folder import ImageFolder as PooledFolder
     if isinstance(dataset, PooledFolder):
         if type(dataset).__getitem__ is not PooledFolder.__getitem__:
@@ -56,7 +57,7 @@ def _source(dataset: Any) -> tuple[Any, str]:
         return dataset.transform, ""
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is None or not isinstance(dataset, folder.DatasetFolder):
-        return None, "not an ImageFolder/DatasetFolder"
+        return None, ""  # another dataset (CIFAR10, ...): nothing to say
     if type(dataset).__getitem__ is not folder.DatasetFolder.__getitem__ or \
             getattr(type(dataset), "__getitems__", None) is not None:
         return None, "its __getitem__ is overridden"
