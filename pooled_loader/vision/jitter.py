@@ -24,6 +24,7 @@ from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.kernels import _get_cv2, _kernels
 
 _RAMP = np.arange(256, dtype=np.float32)
+_ENHANCE = getattr(_kernels, "enhance", None)  # None: not built (or an older build): numpy
 _GREY_WEIGHTS = (19595, 38470, 7471)  # Pillow's ITU-R 601-2 luma in 16-bit fixed point
 
 
@@ -94,7 +95,7 @@ def jitter_(img: np.ndarray, order: list[int], factors: tuple, scratch: Scratch,
                  lambda f: saturation_(img, f, scratch))
     for fn in order:
         if fn < 3 and factors[fn] is not None:
-            if compiled and _kernels is not None:
-                _kernels.enhance(img, fn, float(factors[fn]))
+            if compiled and _ENHANCE is not None:
+                _ENHANCE(img, fn, float(factors[fn]))
             else:
                 numpy_ops[fn](float(factors[fn]))
