@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .layout import _TORCH_TO_NUMPY, Leaf, StructureMismatch
+from .layout import _TORCH_TO_NUMPY, Leaf, StructureMismatch, as_type
 
 __all__ = ["flat_columns", "stack", "stacked_tensor", "tensor_dict_batch", "write_column"]
 
@@ -102,7 +102,7 @@ def stacked_tensor(out_leaf: Leaf, column: list,
         return tensor if tensor.dtype == dtype else tensor.view(dtype)
     raw = np.empty(out_leaf.shape, out_leaf.storage_dtype)
     bad = write_column(raw, out_leaf, column, check, stacked)
-    return bad if bad is not None else torch.from_numpy(raw).view(dtype)
+    return bad if bad is not None else as_type(torch.from_numpy(raw).view(dtype), out_leaf.cls)
 
 
 def tensor_dict_batch(samples: list) -> dict | None:

@@ -24,7 +24,7 @@ from torch.utils.data.graph_settings import apply_sharding
 from .constants import SMALL_BATCH_BYTES, SMALL_LEAF_BYTES, SMALL_LEAF_SHARE
 from .epoch import EpochSpec
 from .interrupts import install_interrupt_guard
-from .layout import unflatten
+from .layout import as_type, unflatten
 from .messages import BatchLayout
 from .pool import ArenaMap, SlotRef
 from .resume import Progress, Resume, SamplerCursor, has_state
@@ -288,8 +288,8 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
                 raw = raw.copy()
             nbytes += leaf.nbytes
             if leaf.kind == "tensor":
-                arrays.append(torch.from_numpy(raw).view(getattr(torch, leaf.dtype))
-                              .view(leaf.shape))
+                arrays.append(as_type(torch.from_numpy(raw).view(getattr(torch, leaf.dtype))
+                                      .view(leaf.shape), leaf.cls))
             else:
                 arrays.append(raw.view(leaf.storage_dtype).reshape(leaf.shape))
         c = self._stats.counters

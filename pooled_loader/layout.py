@@ -8,7 +8,9 @@ of the slot.
 """
 from __future__ import annotations
 
+import functools
 import math
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ class Leaf:
     kind: str  # "tensor" or "ndarray"
     shape: tuple[int, ...]
     dtype: str  # torch dtype name ("float32") for tensors, numpy dtype str ("<f4") for ndarrays
+    cls: type | None = None  # a tensor subclass the user gets (None: a plain tensor/ndarray)
 
     @property
     def storage_dtype(self) -> np.dtype:
@@ -67,15 +70,48 @@ def leaf_of(value: Any, numbers: bool | str = False) -> Leaf | None:
             torch_dtype = torch.from_numpy(np.asarray(value)).dtype
             return Leaf("tensor", (), str(torch_dtype).split(".")[1])
     if isinstance(value, torch.Tensor):
-        # Subclasses (and layouts the pool cannot hold) stay objects: they travel DataLoader's
-        # way and keep their type.
-        if (type(value) is not torch.Tensor or value.dtype not in _TORCH_TO_NUMPY
-                or value.is_sparse or value.is_nested):
+        # Layouts the pool cannot hold, and subclasses it cannot rebuild (instance attributes,
+        # a __torch_function__ that keeps them, a class that does not pickle), stay objects:
+        # they travel DataLoader's way and keep their type.
+        cls = type(value)
+        if (value.dtype not in _TORCH_TO_NUMPY or value.is_sparse or value.is_nested
+                or (cls is not torch.Tensor and (value.__dict__ or not slot_subclass(cls)))):
             return None
-        return Leaf("tensor", tuple(value.shape), str(value.dtype).split(".")[1])
+        return Leaf("tensor", tuple(value.shape), str(value.dtype).split(".")[1],
+                    None if cls is torch.Tensor else cls)
     if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
         return Leaf("ndarray", tuple(value.shape), value.dtype.str)
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def collated_type(cls: type) -> type:
+    """The type ``torch.stack`` (default_collate) gives a batch of ``cls`` tensors: torch.Tensor
+    for torchvision's tv_tensors (their ``__torch_function__`` unwraps), ``cls`` itself for a
+    subclass with torch's default one. Asked of the class once, on an empty instance."""
+    return type(torch.stack([torch.empty(0).as_subclass(cls)]))
+
+
+@functools.lru_cache(maxsize=64)
+def slot_subclass(cls: type) -> bool:
+    """True when tensors of the subclass ``cls`` (without instance attributes) can go through a
+    slot: both it and the type a batch of them collates to are tensor classes that pickle by
+    reference (the type travels in the done-message) and that ``as_subclass`` rebuilds with
+    nothing lost: torch's own ``__torch_function__`` gives ``ret.as_subclass(cls)`` too."""
+    plain = torch.Tensor.__torch_function__.__func__
+    try:
+        out = collated_type(cls)
+        for c in {cls, out}:
+            if pickle.loads(pickle.dumps(c)) is not c:
+                return False
+    except Exception:  # noqa: BLE001  (a class that cannot be probed stays DataLoader's way)
+        return False
+    return out is torch.Tensor or getattr(out.__torch_function__, "__func__", None) is plain
+
+
+def as_type(tensor: torch.Tensor, cls: type | None) -> torch.Tensor:
+    """``tensor`` (a view of a slot) as the subclass ``cls`` the user gets (None: as it is)."""
+    return tensor if cls is None or cls is torch.Tensor else tensor.as_subclass(cls)
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -39,6 +39,13 @@ GROW_WARNING = (
     "the pool up front, pass pool_slots= (num_workers * prefetch_factor + batches you keep).")
 
 
+def _maybe_folder(dataset: Any) -> bool:
+    """Whether ``dataset`` may be a folder dataset the fused image path reads (a torchvision
+    or pooled_loader ImageFolder), checked without importing either."""
+    return any(c.__module__.startswith(("torchvision.datasets", "pooled_loader.vision"))
+               for c in type(dataset).__mro__)
+
+
 def _stop(iterator: Any) -> None:
     """Stop an iterator's workers, if it has any (InProcessIter has none)."""
     stop = getattr(iterator, "_stop", None)
@@ -124,7 +131,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                  device: Any = None, device_transform: Callable | None = None,
                  distributed: bool = False, snapshot_every_n_steps: int | None = 1,
                  per_sample_seed: bool = False, trace: str | None = None,
-                 trace_batches: int = DEFAULT_TRACE_BATCHES) -> None:
+                 trace_batches: int = DEFAULT_TRACE_BATCHES,
+                 accelerate_transforms: bool = True) -> None:
         if snapshot_every_n_steps is not None and (
                 isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps,
                                                                            int)
@@ -175,6 +183,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._epoch: int | None = None
         self.snapshot_every_n_steps = snapshot_every_n_steps or 0
         self.per_sample_seed = bool(per_sample_seed)
+        # a torchvision ImageFolder + Compose run on the fused image path (docs/vision.md)
+        self.accelerate_transforms = bool(accelerate_transforms)
+        self._fused: Any = None  # the FusedFolder of the latest epoch, or None
+        self._fused_line: str | None = None  # the line logged about it
         self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
@@ -394,7 +406,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
 
     def stats(self) -> dict:
         """Pool statistics and where the time goes (docs/observability.md)."""
-        return self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
+        snap = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
+        if self._fused is not None:
+            snap["transforms"] = self._fused.describe()
+        return snap
 
     def reset_stats(self) -> None:
         """Start the time and traffic figures of `stats()`/`report()` afresh (pool figures stay)."""
@@ -452,7 +467,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         """What the iterator starting (or restarting) an epoch now takes from this loader; a
         loaded state goes with it, once."""
         return EpochSpec(
-            dataset=self.dataset, index_sampler=self._index_sampler, generator=self.generator,
+            dataset=self._worker_dataset(), index_sampler=self._index_sampler, generator=self.generator,
             num_workers=self.num_workers, batch_size=self.batch_size, drop_last=self.drop_last,
             auto_collation=self._auto_collation, collate_fn=self._pooled_collate(),
             ragged=isinstance(self.collate_fn, RaggedCollate), on_error=self.on_error,
@@ -466,6 +481,17 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             pinned=self._pins_pool(), len_called=self._IterableDataset_len_called,
             epoch=self._epoch, pool=self._get_pool(), stats=self._stats,
             resume=self._take_resume(), publish=self._publish_progress)
+
+    def _worker_dataset(self) -> Any:
+        """The dataset the workers read: a torchvision folder dataset whose transform runs on
+        the fused image path (``vision.torchvision_fused``), or the user's own. Read again at
+        every epoch, as DataLoader's workers see a transform changed between epochs."""
+        self._fused = None
+        if self.accelerate_transforms and not isinstance(self.dataset, IterableDataset) \
+                and _maybe_folder(self.dataset):
+            from .vision.torchvision_fused import translate
+            self._fused, self._fused_line = translate(self.dataset, self._fused_line)
+        return self.dataset if self._fused is None else self._fused
 
     def _pooled_collate(self) -> Callable | None:
         """None when the collate function is the one DataLoader picks by default (we then

@@ -24,8 +24,9 @@ import torch
 from torch.utils.data._utils.collate import default_collate
 
 from .columns import flat_columns, stack, stacked_tensor, tensor_dict_batch, write_column
-from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, empty_like_tree, extract,
-                     flatten, metas_in_sequences, place, same_structure, unflatten)
+from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, collated_type,
+                     empty_like_tree, extract, flatten, metas_in_sequences, place,
+                     same_structure, unflatten)
 from .messages import BatchLayout
 from .mismatch import mismatch_message
 from .pool import ArenaMap, SlotRef
@@ -61,13 +62,17 @@ def tensor_dtype(leaf: Leaf) -> str:
 
 
 def _collated_leaf(leaf: Leaf, batch: int) -> Leaf:
-    """default_collate turns ndarrays into tensors and stacks along a new first dimension."""
-    return Leaf("tensor", (batch,) + leaf.shape, tensor_dtype(leaf))
+    """default_collate turns ndarrays into tensors and stacks along a new first dimension (a
+    tensor subclass becomes what ``torch.stack`` makes of it)."""
+    cls = None if leaf.cls is None else collated_type(leaf.cls)
+    return Leaf("tensor", (batch,) + leaf.shape, tensor_dtype(leaf),
+                None if cls is torch.Tensor else cls)
 
 
 def _converted_leaf(leaf: Leaf) -> Leaf:
-    """default_convert (batch_size=None) turns ndarrays into tensors, shapes unchanged."""
-    return Leaf("tensor", leaf.shape, tensor_dtype(leaf))
+    """default_convert (batch_size=None) turns ndarrays into tensors, shapes unchanged (a
+    tensor subclass stays itself)."""
+    return Leaf("tensor", leaf.shape, tensor_dtype(leaf), leaf.cls)
 
 
 class SlotCollate:

@@ -18,8 +18,9 @@ VISION_DIR = os.path.dirname(pooled_loader.vision.__file__)
 PKG_DIR = os.path.dirname(VISION_DIR)
 
 # module -> layer; a module may import only modules of a strictly lower layer
-LAYERS = {"buffers": 0, "jpeg_markers": 0, "kernels": 1, "base": 2, "decode": 3, "ops": 3,
-          "compose": 4, "folder": 5, "__init__": 6,
+LAYERS = {"buffers": 0, "jpeg_markers": 0, "torchvision_plan": 0, "kernels": 1, "base": 2,
+          "jitter": 2, "decode": 3, "ops": 3, "compose": 4, "folder": 5, "__init__": 6,
+          "torchvision_fused": 6,
           # detection (issue 38): geometry, then the glue, then the torchvision recogniser
           "targets": 0, "detection": 4, "detection_batch": 4, "coco": 4, "detection_tv": 5}
 EXTENSIONS = {"_jpeg", "_kernels"}  # compiled leaves, importing nothing

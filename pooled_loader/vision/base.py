@@ -5,7 +5,9 @@ Imports point one way, so that each layer can be read (and tested) without the o
 
     buffers, kernels      scratch memory and the resize kernels (the only cv2 import)
     jpeg_markers          JPEG frame header and scan count from the markers (no imports)
+    torchvision_plan      reads a torchvision Compose into fused steps (torch, torchvision only)
     base                  Spec, Op, Resampler, Box: the contract (this module)
+    jitter                Pillow-exact colour jitter on uint8 CHW images
     decode, ops           DecodeImage; geometry, flip, layout, normalize ops
     compose               Compose, the planner: fuses and runs the ops through planned buffers
     folder                ImageFolder, which runs a Compose per sample
@@ -13,6 +15,7 @@ Imports point one way, so that each layer can be read (and tested) without the o
     detection, coco,      DetectionCompose (image + targets), COCO folder, detection batches
       detection_batch
     detection_tv          an unchanged torchvision CocoDetection + v2 Compose, run fused
+    torchvision_fused     runs a torchvision ImageFolder + Compose on the fused path
 
 An op declares its output (``spec``), draws its random parameters (``draw``) and writes into a
 given buffer (``apply``); calling an op alone runs exactly those three steps, so an op never needs

@@ -9,6 +9,8 @@ and grows to the largest seen.
 from __future__ import annotations
 
 import math
+import os
+import stat
 import threading
 
 import numpy as np
@@ -64,3 +66,29 @@ def thread_scratch() -> Scratch:
     if scratch is None:
         scratch = _local.scratch = Scratch()
     return scratch
+
+
+MAX_FILE_BYTES = 1 << 30  # bytes: an image file larger than this is refused (1 GiB)
+
+
+def read_file(path: str, scratch: Scratch, limit: int = MAX_FILE_BYTES) -> np.ndarray:
+    """The bytes of the regular file ``path`` in ``scratch``'s buffer "file" (reused: valid
+    until the next read). A FIFO, device or folder is refused (opened non-blocking, so a FIFO
+    cannot hang the worker), and so is a file over ``limit`` bytes: OSError naming it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # one per sample: no object
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file (a FIFO, device or folder)")
+        if st.st_size > limit:
+            raise OSError(f"{path}: {st.st_size} bytes, over the limit of {limit} bytes")
+        buf = scratch.flat("file", st.st_size)
+        got = 0
+        while got < st.st_size:
+            k = os.readv(fd, [buf[got:]])
+            if not k:
+                break
+            got += k
+    finally:
+        os.close(fd)
+    return buf[:got]

@@ -10,7 +10,7 @@ from pooled_loader.class_check import check_classes
 from pooled_loader.errors import SampleError
 from pooled_loader.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
                                       list_image_folder)
-from pooled_loader.vision.buffers import Scratch
+from pooled_loader.vision.buffers import Scratch, read_file
 from pooled_loader.vision.compose import Compose
 from pooled_loader.vision.ops import Op
 
@@ -98,19 +98,7 @@ class ImageFolder:
         """The file's bytes in the reused read buffer."""
         if os.getpid() != self._pid:
             self._pid, self._scratch = os.getpid(), Scratch()
-        fd = os.open(path, os.O_RDONLY)  # no file object: this runs once per sample
-        try:
-            n = os.fstat(fd).st_size
-            buf = self._scratch.flat("file", n)
-            got = 0
-            while got < n:
-                k = os.readv(fd, [buf[got:]])
-                if not k:
-                    break
-                got += k
-        finally:
-            os.close(fd)
-        return buf[:got]
+        return read_file(path, self._scratch)
 
     def _load(self, index: int, out: np.ndarray | None) -> tuple[Any, int]:
         path, label = self.file_index[index]

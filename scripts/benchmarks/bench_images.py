@@ -5,7 +5,8 @@
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
                                    [--baseline OTHER_CHECKOUT]
 
-Every loader (see scripts/benchmarks/peers.py: ours, ours_cached, torch_pil, webdataset, dali, dali_fused,
+Every loader (see scripts/benchmarks/peers.py: ours, ours_cached, torch_pil, torch_decode_jpeg,
+webdataset, dali, dali_fused,
 ffcv_jpg, ffcv_raw, ceiling, ceiling_dct) does decode + RandomResizedCrop(224) + flip -> uint8 CHW
 batches over the same ImageFolder. Each runs in its own fresh Python process (so one library's
 threads, JIT or crash cannot touch another's numbers), does `warmup` untimed epochs and then
@@ -45,7 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
 
-ORDER = ["ours", "ours_cached", "torch_pil", "webdataset", "dali", "dali_fused", "ffcv_jpg",
+ORDER = ["ours", "ours_cached", "torch_pil", "torch_decode_jpeg", "webdataset", "dali",
+         "dali_fused", "ffcv_jpg",
          "ffcv_raw", "ceiling", "ceiling_dct"]
 
 

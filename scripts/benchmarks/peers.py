@@ -14,6 +14,9 @@ is missing raises ``PeerUnavailable`` with the install command.
     torch_pil      torch DataLoader + Pillow, the torchvision ImageFolder/RandomResizedCrop recipe
                    re-implemented with PIL (torchvision does not exist for this torch);
                    persistent workers, so the epoch does not include forking them
+    torch_decode_jpeg  torch DataLoader with torchvision's fast uint8 recipe: file bytes,
+                   torchvision.io.decode_jpeg, v2 RandomResizedCrop + RandomHorizontalFlip on
+                   uint8 tensors (what a well-informed DataLoader user runs)
     webdataset     webdataset.WebLoader over tar shards of the same JPEGs, same PIL decode + aug
     dali           NVIDIA DALI CPU pipeline (device_id=None): readers.file, decoders.image(cpu),
                    random_resized_crop(224), crop_mirror_normalize(uint8, CHW, mirror=coin)
@@ -277,13 +280,48 @@ def run_torch_pil(data_dir: str, batch: int = 256, workers: int = 2, epochs: int
         import PIL  # noqa: F401
     except ImportError as e:
         raise PeerUnavailable(f"torch DataLoader + Pillow needs torch and pillow ({e})") from e
-    ds = _PILFolder(data_dir)
-    dl = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+    return _time_dataloader(DataLoader, _PILFolder(data_dir), batch, workers, epochs, warmup)
+
+
+def _time_dataloader(loader_cls, ds, batch: int, workers: int, epochs: int,
+                     warmup: int) -> list[float]:
+    """images/s of a DataLoader over ``ds`` (shuffled, persistent workers)."""
+    dl = loader_cls(ds, batch_size=batch, shuffle=True, num_workers=workers,
                     persistent_workers=workers > 0, drop_last=False)
     try:
         return time_epochs(lambda: dl, epochs, warmup, expect=len(ds))
     finally:
         del dl
+
+
+class _DecodeJpegFolder:
+    """The ImageFolder's files through torchvision.io.decode_jpeg and v2 ops on uint8 tensors."""
+
+    def __init__(self, data_dir: str):
+        from torchvision.transforms import v2
+        self.paths, self.labels, self.classes = list_images(data_dir)
+        self.transform = v2.Compose([v2.RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO),
+                                     v2.RandomHorizontalFlip()])
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+        image = decode_jpeg(read_file(self.paths[i]), mode=ImageReadMode.RGB)
+        return self.transform(image), self.labels[i]
+
+
+def run_torch_decode_jpeg(data_dir: str, batch: int = 256, workers: int = 2, epochs: int = 3,
+                          warmup: int = 1) -> list[float]:
+    try:
+        from torch.utils.data import DataLoader
+        import torchvision.io  # noqa: F401
+    except (ImportError, RuntimeError) as e:
+        raise PeerUnavailable(f"torchvision's decode_jpeg recipe needs a torchvision that "
+                              f"imports with this torch (pip install torchvision) ({e})") from e
+    return _time_dataloader(DataLoader, _DecodeJpegFolder(data_dir), batch, workers, epochs,
+                            warmup)
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,6 +638,7 @@ PEERS: dict[str, Callable[..., list[float]]] = {
     "ours": run_ours,
     "ours_cached": run_ours_cached,
     "torch_pil": run_torch_pil,
+    "torch_decode_jpeg": run_torch_decode_jpeg,
     "webdataset": run_webdataset,
     "dali": run_dali,
     "dali_fused": run_dali_fused,

@@ -1,0 +1,304 @@
+"""Run a user's unchanged torchvision ``ImageFolder`` + ``Compose`` on the fused image path.
+
+:func:`translate` recognises a dataset whose samples can be made here exactly as torchvision
+makes them: a ``torchvision.datasets.ImageFolder``/``DatasetFolder`` with the default (PIL)
+loader whose ``__getitem__`` is torchvision's own, or a ``pooled_loader.vision.ImageFolder``,
+with a v1 or v2 ``Compose`` as ``transform``. It returns a :class:`FusedFolder` that the
+loader's workers use in its place (the user's dataset object is not changed); anything else
+runs as it is. The Compose is read by ``torchvision_plan.read_plan``.
+
+Per sample (``FusedFolder.getitem_into``): read the file, read its header, draw every fused
+op's parameters in op order with the op's own code, decode only the crop box's region
+(``decode.decode_crop_into``, no DCT downscale: see docs/vision.md for why), resize with the
+fused kernel reading *only the box* (the kernel is given a view of the box, so its filter is
+clipped at the box's edges as torchvision's crop-then-resize is), flip, colour jitter
+(``jitter.py``, Pillow's arithmetic), and write the CHW result (uint8, or float32 through the
+folded ToTensor/ToDtype/Normalize) straight into the batch slot; then the ops the plan left run
+as torchvision's own objects on that tensor (or on a PIL image, where the prefix ended
+before the conversion to a tensor). The decoders are the ones Pillow uses (libjpeg-turbo for
+JPEGs; Pillow itself, with ``convert("RGB")`` like torchvision's ``pil_loader``, for CMYK,
+PNG and the rest); EXIF orientation is not applied, as torchvision's loader does not.
+
+A sample the fused path cannot make (a file our decoder refuses but Pillow might open, a
+CenterCrop larger than the image) is made by the dataset's own ``__getitem__`` with the random
+state restored to what it was before the fused draws, so the sequence of draws is the same.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from pooled_loader.errors import SampleError
+from pooled_loader.vision import torchvision_plan as tp
+from pooled_loader.vision.buffers import Scratch, read_file
+from pooled_loader.vision.decode import decode_crop_into, read_header
+from pooled_loader.vision.jitter import jitter_
+from pooled_loader.vision.kernels import crop_resize_flip_chw
+
+log = logging.getLogger("pooled_loader")
+
+class _Fallback(Exception):
+    """This sample is made by the dataset's own ``__getitem__``."""
+
+
+def _source(dataset: Any) -> tuple[Any, str]:
+    """(transform, "") when ``dataset`` is a folder dataset we can read, else (None, why), why
+    being "" for a dataset that is not a folder dataset at all."""
+    from pooled_loader.vision.folder import ImageFolder as PooledFolder
+    if isinstance(dataset, PooledFolder):
+        if type(dataset).__getitem__ is not PooledFolder.__getitem__:
+            return None, "its __getitem__ is overridden"
+        return dataset.transform, ""
+    folder = sys.modules.get("torchvision.datasets.folder")
+    if folder is None or not isinstance(dataset, folder.DatasetFolder):
+        return None, ""  # another dataset (CIFAR10, ...): nothing to say
+    if type(dataset).__getitem__ is not folder.DatasetFolder.__getitem__ or \
+            getattr(type(dataset), "__getitems__", None) is not None:
+        return None, "its __getitem__ is overridden"
+    import torchvision
+    loader = getattr(dataset, "loader", None)
+    if not (loader is folder.pil_loader or (loader is folder.default_loader
+                                            and torchvision.get_image_backend() == "PIL")):
+        return None, f"its loader {getattr(loader, '__name__', loader)!r} is not the default one"
+    return dataset.transform, ""
+
+
+def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | None, str | None]:
+    """(a :class:`FusedFolder` running ``dataset``'s samples on the fused path, or None; the
+    line that says so, or None when there is nothing to say). The line is logged (INFO,
+    "pooled_loader") unless it equals ``logged``, the one logged before."""
+    if "torchvision" not in sys.modules and type(dataset).__module__.split(".")[0] != \
+            "pooled_loader":
+        return None, None
+    transform, why = _source(dataset)
+    if transform is None and not why:
+        return None, None
+    plan = tp.read_plan(transform) if transform is not None else None
+    fused = None
+    if plan is None:
+        if tp.compose_ops(transform) is None and not why:
+            return None, None
+        line = ("PooledLoader: the torchvision transform runs as it is "
+                f"({why or 'its first op has no fused equivalent'})")
+    else:
+        fused = FusedFolder(dataset, plan)
+        d = plan.describe()
+        line = ("PooledLoader: accelerated torchvision transform: fused [{}]; as is [{}]{}".format(
+            ", ".join(d["fused"]), ", ".join(d["as_is"]),
+            f" ({d['why_not_fused']})" if d["as_is"] else ""))
+    if line != logged:
+        log.info("%s", line)
+    return fused, line
+
+
+class FusedFolder:
+    """The user's folder dataset, its samples made on the fused path (see the module
+    docstring). ``dataset`` is the user's object; other attributes are read from it."""
+
+    def __init__(self, dataset: Any, plan: tp.Plan) -> None:
+        self.dataset = dataset
+        self.plan = plan
+        self.pooled = not hasattr(dataset, "target_transform")  # pooled_loader's ImageFolder
+        self._reset()
+
+    def _reset(self) -> None:
+        plan = self.plan  # the kernel's (v/255 - mean)/std for the folded v * mul + add
+        self._mean_std = ([-a / (m * 255) for m, a in zip(plan.mul, plan.add)],
+                          [1 / (m * 255) for m in plan.mul])
+        self._pid = os.getpid()
+        self.scratch = Scratch()
+        self.fallbacks = 0  # samples made by the dataset's own __getitem__
+
+    def __getstate__(self) -> dict:
+        return {"dataset": self.dataset, "plan": self.plan, "pooled": self.pooled}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "plan"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def describe(self) -> dict:
+        return self.plan.describe()
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.getitem_into(index, None)
+
+    def getitem_into(self, index: int, out: Any) -> tuple[Any, Any]:
+        """The zero-copy protocol (CONTRACTS.md): the image goes into ``out[0]`` when it fits."""
+        if os.getpid() != self._pid:
+            self._reset()
+        path, target = self.dataset.samples[index]
+        dst = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+        try:
+            image = self._image(path, dst if isinstance(dst, np.ndarray) else None)
+        except _Fallback:
+            self.fallbacks += 1
+            return self._as_is(index, path, target)
+        except SampleError as e:
+            raise SampleError(f"{path}: {e}") from e
+        if not self.pooled and self.dataset.target_transform is not None:
+            target = self.dataset.target_transform(target)
+        return image, target
+
+    def _as_is(self, index: int, path: str, target: Any) -> tuple[Any, Any]:
+        """The sample as torchvision makes it: the dataset's own ``__getitem__``; for
+        pooled_loader's ImageFolder (whose items are encoded bytes) torchvision's ``pil_loader``
+        and the transform."""
+        if not self.pooled:
+            return self.dataset[index]
+        from PIL import Image
+        with open(path, "rb") as f:
+            image = Image.open(f).convert("RGB")
+        return self.dataset.transform(image), target
+
+    # -- one image
+
+    def _image(self, path: str, dst: np.ndarray | None) -> Any:
+        data = read_file(path, self.scratch)
+        try:
+            hdr = read_header(data)
+        except SampleError:
+            raise _Fallback from None  # torchvision's loader raises (or opens it) its own way
+        plan = self.plan
+        saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None)
+        geo = _draw(plan, hdr.height, hdr.width)
+        if geo is None:
+            _restore(saved)
+            raise _Fallback
+        box = geo["box"]
+        try:
+            crop = decode_crop_into(data, hdr, lambda n: self.scratch.flat("decode", n), 1, box,
+                                    geo["resize_hw"])
+        except SampleError:
+            _restore(saved)
+            raise _Fallback from None
+        x0, y0, bw, bh = crop.box
+        src = crop.image[y0:y0 + bh, x0:x0 + bw]  # the kernel reads only the box
+        return self._render(src, geo, dst)
+
+    def _render(self, src: np.ndarray, geo: dict, dst: np.ndarray | None) -> Any:
+        plan = self.plan
+        rh, rw = geo["resize_hw"]
+        crop = geo["crop"]
+        oh, ow = (crop[2], crop[3]) if crop else (rh, rw)
+        as_float = plan.state == "float"
+        shape = (3, oh, ow)
+        direct = not plan.rest and plan.state != "pil"
+        dtype = np.float32 if as_float else np.uint8
+        if direct and dst is not None and dst.shape == shape and dst.dtype == dtype \
+                and dst.flags.c_contiguous and dst.flags.writeable:
+            out = dst
+        else:
+            out = np.empty(shape, dtype)
+        flip = geo["flip"]
+        fold = as_float and not crop and geo["jitter"] is None
+        if fold:  # the whole chain in one kernel call
+            crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), out, flip,
+                                 *self._mean_std)
+        else:
+            u8 = out if not as_float else self.scratch.array("u8", shape, np.uint8)
+            if crop:
+                full = self.scratch.array("resized", (3, rh, rw), np.uint8)
+                crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), full)
+                top, left = crop[0], crop[1]
+                window = full[:, top:top + oh, left:left + ow]
+                np.copyto(u8, window[:, :, ::-1] if flip else window)
+            else:
+                crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), u8, flip)
+            if geo["jitter"] is not None:
+                for order, factors in geo["jitter"]:
+                    jitter_(u8, order, factors, self.scratch)
+            if as_float:
+                mul = np.asarray(plan.mul, np.float32)[:, None, None]
+                add = np.asarray(plan.add, np.float32)[:, None, None]
+                np.multiply(u8, mul, out=out)
+                out += add
+        return self._finish(out)
+
+    def _finish(self, arr: np.ndarray) -> Any:
+        plan = self.plan
+        if plan.state == "pil":
+            from PIL import Image
+            x: Any = Image.fromarray(np.ascontiguousarray(arr.transpose(1, 2, 0)), "RGB")
+        else:
+            x = torch.from_numpy(arr)
+            if plan.image_type:
+                from torchvision import tv_tensors
+                x = x.as_subclass(tv_tensors.Image)
+        for op in plan.rest:
+            x = op(x)
+        return x
+
+    def __repr__(self) -> str:
+        return f"FusedFolder({self.dataset!r}, {self.plan.describe()})"
+
+
+def _restore(saved: tuple) -> None:
+    torch.set_rng_state(saved[0])
+    if saved[1] is not None:
+        random.setstate(saved[1])
+
+
+def _draw(plan: tp.Plan, h: int, w: int) -> dict | None:
+    """Every fused op's parameters, drawn in op order, and the geometry they give on the
+    source image: ``box`` (x0, y0, w, h), ``resize_hw``, ``crop`` (top, left, h, w on the
+    unflipped resized image, or None), the final ``flip`` and the ``jitter`` parameters. None
+    when this image needs what the fused path does not do (a crop larger than the image)."""
+    box = (0, 0, w, h)  # on the source, unflipped
+    cur_h, cur_w = h, w  # the current image's size
+    resized = False
+    flipped = False
+    crop = None
+    jitter = None
+    for step in plan.steps:
+        kind = step.kind
+        if kind == tp.FLIP:
+            flipped ^= tp.draw_flip(step)
+        elif kind == tp.RESIZED_CROP:
+            top, left, bh, bw = tp.draw_box(step, cur_h, cur_w)
+            x0 = w - left - bw if flipped else left
+            box = (x0, top, bw, bh)
+            cur_h, cur_w = step.size
+            resized = True
+        elif kind == tp.RESIZE:
+            cur_h, cur_w = tp.resize_hw(step, cur_h, cur_w)
+            resized = True
+        elif kind == tp.CENTER_CROP:
+            ch, cw = step.size
+            if ch > cur_h or cw > cur_w:
+                return None
+            top, left = int(round((cur_h - ch) / 2.0)), int(round((cur_w - cw) / 2.0))
+            left = cur_w - left - cw if flipped else left
+            if resized:
+                crop = (top, left, ch, cw)
+            else:  # a crop of the source: the box itself, resized 1:1
+                box = (left, top, cw, ch)
+                cur_h, cur_w = ch, cw
+        elif kind == tp.JITTER:
+            jitter = (jitter or []) + [tp.draw_jitter(step)]
+    resize_hw = (cur_h, cur_w) if not crop else _resized_hw(plan, h, w, box)
+    return {"box": box, "resize_hw": resize_hw, "crop": crop, "flip": flipped,
+            "jitter": jitter}
+
+
+def _resized_hw(plan: tp.Plan, h: int, w: int, box: tuple) -> tuple[int, int]:
+    """The resize's output size, when a CenterCrop follows it."""
+    for step in plan.steps:
+        if step.kind == tp.RESIZED_CROP:
+            return step.size
+        if step.kind == tp.RESIZE:
+            return tp.resize_hw(step, h, w)
+    return (box[3], box[2])

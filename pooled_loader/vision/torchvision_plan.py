@@ -1,0 +1,336 @@
+"""Reading a torchvision ``Compose`` into the fused image path's steps (issue 37).
+
+:func:`read_plan` walks a v1 or v2 ``Compose`` (timm's ``create_transform`` returns a v1 one)
+from the front and takes each op whose exact class and arguments map onto a fused step; the
+first op that does not map ends the fused prefix, and it and everything after it run as
+torchvision's own objects (``Plan.rest``). Reading never guesses: a subclass, an interpolation
+other than bilinear, antialias=False on a tensor, a ColorJitter with hue, a geometry op after
+the colour jitter or a second resize all end the prefix there.
+
+The image goes through states as torchvision's would: ``pil`` (decoded, uint8 RGB, what the
+default loader gives), ``u8`` (a uint8 CHW tensor, after ``PILToTensor``/``ToImage``) and
+``float`` (after ``ToTensor``/``ToDtype``/``ConvertImageDtype``, with ``Normalize`` folded in as
+a per-channel affine map ``v * mul + add`` of the uint8 value ``v``). Geometry runs only on
+``pil`` and ``u8`` images, the colour jitter only on ``pil`` ones (on a tensor torchvision's
+own op is as fast as ours).
+
+Random parameters are drawn as the ops draw them, from the same RNG (torch's global one, or
+Python's ``random`` for timm's crop) in the same order as under DataLoader: by the op's own
+code (``get_params`` / ``make_params``) for ColorJitter and timm's crop, and by the same
+sequence of torch calls for torchvision's RandomResizedCrop (its own method spends ~50 us a
+sample checking its input). Imports: torch and
+torchvision only (this module is imported only when torchvision already is).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+# op kinds (Step.kind)
+RESIZED_CROP, RESIZE, CENTER_CROP, FLIP, JITTER, CONVERT = (
+    "resized_crop", "resize", "center_crop", "flip", "jitter", "convert")
+
+
+@dataclass
+class Step:
+    """One fused op: ``kind``, the user's op object and what the reading fixed about it."""
+
+    kind: str
+    op: Any
+    version: str  # "v1", "v2" or "timm": how its parameters are drawn
+    size: tuple[int, int] | None = None  # crops: the output (height, width)
+    log_ratio: tuple[float, float] | None = None  # RandomResizedCrop's, as torchvision has it
+
+
+@dataclass
+class Plan:
+    """The fused prefix (``steps``) and the ops that run as they are (``rest``)."""
+
+    steps: list[Step] = field(default_factory=list)
+    rest: list[Any] = field(default_factory=list)
+    state: str = "pil"  # where the prefix leaves the image: "pil", "u8" or "float"
+    image_type: bool = False  # a tv_tensors.Image (v2 ToImage) rather than a plain tensor
+    mul: tuple[float, ...] = (1.0, 1.0, 1.0)  # float state: value = v * mul + add per channel
+    add: tuple[float, ...] = (0.0, 0.0, 0.0)
+    python_random: bool = False  # a step draws from Python's random (timm's crop)
+    fused_names: list[str] = field(default_factory=list)
+    why_stopped: str = ""  # why the first op of ``rest`` is not fused
+
+    @property
+    def geometry(self) -> bool:
+        return any(s.kind in (RESIZED_CROP, RESIZE, CENTER_CROP) for s in self.steps)
+
+    def describe(self) -> dict:
+        """What ``loader.stats()["transforms"]`` shows: the ops fused and the ops run as is."""
+        return {"fused": list(self.fused_names), "as_is": [_name(op) for op in self.rest],
+                "output": ("PIL.Image" if self.state == "pil" else
+                           ("tv_tensors.Image" if self.image_type else "torch.Tensor")),
+                "why_not_fused": self.why_stopped}
+
+
+def _name(op: Any) -> str:
+    return " ".join(repr(op).split())
+
+
+def _pair(size: Any) -> tuple[int, int] | None:
+    if isinstance(size, int):
+        return (size, size)
+    try:
+        size = [int(s) for s in size]
+    except TypeError:
+        return None
+    if len(size) == 1:
+        return (size[0], size[0])
+    return (size[0], size[1]) if len(size) == 2 else None
+
+
+def _bilinear(op: Any) -> bool:
+    """The op resizes bilinearly (v2 keeps the mode as given: an enum, a name or PIL's int)."""
+    from torchvision.transforms import InterpolationMode
+    mode = getattr(op, "interpolation", None)
+    if isinstance(mode, InterpolationMode):
+        return mode is InterpolationMode.BILINEAR
+    if isinstance(mode, str):
+        return mode.lower() == "bilinear"
+    return type(mode) is int and mode == 2  # PIL.Image.BILINEAR
+
+
+def _classes() -> dict:
+    """Exact op classes recognised, keyed by class: (kind, version)."""
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+    table = {
+        v1.RandomResizedCrop: (RESIZED_CROP, "v1"), v2.RandomResizedCrop: (RESIZED_CROP, "v2"),
+        v1.Resize: (RESIZE, "v1"), v2.Resize: (RESIZE, "v2"),
+        v1.CenterCrop: (CENTER_CROP, "v1"), v2.CenterCrop: (CENTER_CROP, "v2"),
+        v1.RandomHorizontalFlip: (FLIP, "v1"), v2.RandomHorizontalFlip: (FLIP, "v2"),
+        v1.ColorJitter: (JITTER, "v1"), v2.ColorJitter: (JITTER, "v2"),
+        v1.ToTensor: (CONVERT, "v1"), v1.PILToTensor: (CONVERT, "v1"),
+        v1.ConvertImageDtype: (CONVERT, "v1"), v1.Normalize: (CONVERT, "v1"),
+        v2.PILToTensor: (CONVERT, "v2"), v2.ToImage: (CONVERT, "v2"),
+        v2.ToDtype: (CONVERT, "v2"), v2.Normalize: (CONVERT, "v2"),
+    }
+    try:  # timm's training crop and its ToTensor (only when timm is already imported)
+        import sys
+        timm_t = sys.modules.get("timm.data.transforms")
+        if timm_t is not None:
+            table[timm_t.RandomResizedCropAndInterpolation] = (RESIZED_CROP, "timm")
+            table[timm_t.MaybeToTensor] = (CONVERT, "v1")
+    except AttributeError:
+        pass
+    return table
+
+
+def compose_ops(transform: Any) -> list | None:
+    """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), else None."""
+    import torchvision.transforms as v1
+    import torchvision.transforms.v2 as v2
+    if type(transform) in (v1.Compose, v2.Compose):
+        return list(transform.transforms)
+    return None
+
+
+class _Reader:
+    """Walks the ops, updating the plan; ``take`` returns False for the first op that does not
+    map (with ``plan.why_stopped`` saying why)."""
+
+    def __init__(self) -> None:
+        self.plan = Plan()
+        self.table = _classes()
+        self.resized = False  # a resize (or crop) has been taken
+        self.cropped = False
+        self.jittered = False
+
+    def stop(self, why: str) -> bool:
+        self.plan.why_stopped = why
+        return False
+
+    def take(self, op: Any) -> bool:
+        found = self.table.get(type(op))
+        if found is None:
+            return self.stop(f"{type(op).__name__} has no fused equivalent")
+        kind, version = found
+        plan = self.plan
+        if kind in (RESIZED_CROP, RESIZE, CENTER_CROP):
+            ok = self._geometry(op, kind, version)
+        elif kind == FLIP:
+            ok = True
+            plan.steps.append(Step(FLIP, op, version))
+        elif kind == JITTER:
+            ok = self._jitter(op, version)
+        else:
+            ok = self._convert(op)
+        if ok:
+            plan.fused_names.append(_name(op))
+        return ok
+
+    def _geometry(self, op: Any, kind: str, version: str) -> bool:
+        plan = self.plan
+        if plan.state not in ("pil", "u8") or (plan.image_type and version == "v1"):
+            return self.stop(f"{type(op).__name__} on a {plan.state} image is left to torchvision")
+        if self.jittered:
+            return self.stop("a geometry op after the colour jitter")
+        if kind == CENTER_CROP:
+            if self.cropped:
+                return self.stop("a second CenterCrop")
+            self.cropped = True
+            plan.steps.append(Step(CENTER_CROP, op, version, _pair(op.size)))
+            return True
+        if self.resized or self.cropped:
+            return self.stop(f"a second resize ({type(op).__name__})")
+        if not _bilinear(op) or (plan.state == "u8" and getattr(op, "antialias", True) is not True):
+            return self.stop(f"{type(op).__name__}: only bilinear (antialiased) resizing is fused")
+        size = _pair(op.size) if kind == RESIZED_CROP else None
+        if kind == RESIZED_CROP and size is None:
+            return self.stop("RandomResizedCrop: size not understood")
+        self.resized = True
+        plan.python_random |= version == "timm"
+        step = Step(kind, op, version, size)
+        if kind == RESIZED_CROP and version != "timm":  # float32 logs, as both versions keep
+            step.log_ratio = tuple(float(v) for v in torch.log(torch.tensor(op.ratio)))
+        plan.steps.append(step)
+        return True
+
+    def _jitter(self, op: Any, version: str) -> bool:
+        if self.plan.state != "pil":
+            return self.stop("ColorJitter on a tensor runs as torchvision's own op")
+        if op.hue is not None:
+            return self.stop("ColorJitter with hue runs as torchvision's own op")
+        self.jittered = True
+        self.plan.steps.append(Step(JITTER, op, version))
+        return True
+
+    def _convert(self, op: Any) -> bool:
+        import torchvision.transforms as v1
+        import torchvision.transforms.v2 as v2
+        plan, name, cls = self.plan, type(op).__name__, type(op)
+        if name in ("ToTensor", "MaybeToTensor"):
+            if plan.state != "pil":
+                return self.stop(f"{name} of a tensor")
+            plan.state, plan.mul = "float", (1 / 255,) * 3
+        elif cls in (v1.PILToTensor, v2.PILToTensor):
+            if plan.state != "pil":
+                return self.stop("PILToTensor of a tensor")
+            plan.state = "u8"
+        elif cls is v2.ToImage:
+            plan.state = "u8" if plan.state == "pil" else plan.state
+            plan.image_type = True
+        elif cls in (v1.ConvertImageDtype, v2.ToDtype):
+            dtype = op.dtype
+            scale = True if cls is v1.ConvertImageDtype else op.scale
+            if dtype is not torch.float32:
+                return self.stop(f"{name} to {dtype} is left to torchvision")
+            if plan.state == "pil":
+                return self.stop(f"{name} of a PIL image")
+            if plan.state == "u8":
+                plan.state, plan.mul = "float", ((1 / 255,) * 3 if scale else (1.0,) * 3)
+        elif cls in (v1.Normalize, v2.Normalize):
+            if plan.state != "float":
+                return self.stop(f"Normalize of a {plan.state} image")
+            try:
+                mean = [float(m) for m in op.mean]
+                std = [float(s) for s in op.std]
+            except TypeError:
+                return self.stop("Normalize: mean/std not understood")
+            if len(mean) == 1:
+                mean *= 3
+            if len(std) == 1:
+                std *= 3
+            if len(mean) != 3 or len(std) != 3 or 0.0 in std:
+                return self.stop("Normalize: needs 1 or 3 values and std != 0")
+            plan.mul = tuple(m / s for m, s in zip(plan.mul, std))
+            plan.add = tuple((a - m) / s for a, m, s in zip(plan.add, mean, std))
+        else:
+            return self.stop(f"{name} has no fused equivalent")
+        return True
+
+
+def read_plan(transform: Any) -> Plan | None:
+    """The plan for a torchvision ``Compose``; None when nothing of it can be fused (not a
+    Compose, or its first op does not map)."""
+    ops = compose_ops(transform)
+    if ops is None:
+        return None
+    reader = _Reader()
+    for i, op in enumerate(ops):
+        if not reader.take(op):
+            reader.plan.rest = ops[i:]
+            break
+    plan = reader.plan
+    return plan if plan.steps or plan.state != "pil" else None
+
+
+# -------------------------------------------------------------------------------------------
+# drawing parameters with the op's own code
+
+def _stand_in(h: int, w: int) -> torch.Tensor:
+    """A (3, h, w) tensor that allocates nothing: what the ops' size queries read."""
+    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(3, h, w)
+
+
+def draw_box(step: Step, h: int, w: int) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a RandomResizedCrop on an h x w image, drawn as the op
+    draws it: timm's by its own ``get_params`` (Python's random), torchvision's v1 and v2 (the
+    same algorithm, the same torch calls) by :func:`_torch_box`."""
+    op = step.op
+    if step.version == "timm":
+        return tuple(int(v) for v in type(op).get_params(_stand_in(h, w), op.scale, op.ratio))
+    return _torch_box(h, w, op.scale, step.log_ratio, op.ratio)
+
+
+def _torch_box(h: int, w: int, scale: Any, log_ratio: Any, ratio: Any) -> tuple:
+    """torchvision's RandomResizedCrop parameters (v1 ``get_params``, v2 ``make_params``), call
+    for call: the same draws from torch's global RNG in the same order, without their input
+    checks (~50 us a sample). tests/test_torchvision_swap.py compares every box with
+    DataLoader's."""
+    area = h * w
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        cw = int(round(math.sqrt(target_area * aspect_ratio)))
+        ch = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            top = torch.randint(0, h - ch + 1, size=(1,)).item()
+            left = torch.randint(0, w - cw + 1, size=(1,)).item()
+            return top, left, ch, cw
+    in_ratio = float(w) / float(h)
+    if in_ratio < min(ratio):
+        cw, ch = w, int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        ch, cw = h, int(round(h * max(ratio)))
+    else:
+        cw, ch = w, h
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:
+    """The output (height, width) of a Resize of an h x w image (torchvision's own rule)."""
+    from torchvision.transforms.v2.functional._geometry import _compute_resized_output_size
+    size = step.op.size
+    if isinstance(size, int):
+        size = [size]
+    out = _compute_resized_output_size((h, w), None if size is None else list(size),
+                                       step.op.max_size)
+    return int(out[0]), int(out[1])
+
+
+def draw_flip(step: Step) -> bool:
+    """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw). torch
+    compares in float32, so ``p`` is rounded to float32 first; comparing the drawn number in
+    Python saves a tensor op (~8 us)."""
+    return torch.rand(1).item() < float(np.float32(step.op.p))
+
+
+def draw_jitter(step: Step) -> tuple[list[int], tuple]:
+    """ColorJitter's order and factors (brightness, contrast, saturation, hue)."""
+    op = step.op
+    if step.version == "v2":
+        p = op.make_params([])
+        return ([int(i) for i in p["fn_idx"]], (p["brightness_factor"], p["contrast_factor"],
+                                                p["saturation_factor"], p["hue_factor"]))
+    fn_idx, b, c, s, h = type(op).get_params(op.brightness, op.contrast, op.saturation, op.hue)
+    return [int(i) for i in fn_idx], (b, c, s, h)
