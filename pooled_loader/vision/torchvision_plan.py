@@ -127,6 +127,8 @@ def _classes() -> dict:
 
 def compose_ops(transform: Any) -> list | None:
     """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), else None."""
+    if type(transform).__module__.split(".")[0] != "torchvision":
+        return None  # not torchvision's (our own Compose, a lambda): torchvision may be absent
     import torchvision.transforms as v1
     import torchvision.transforms.v2 as v2
     if type(transform) in (v1.Compose, v2.Compose):
