@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from .errors import StateMismatch
+from .mix_state import is_mix_state, merge_mix_states
 from .wds_elastic import merge_stream_states
 from .state_keys import (BASE_SEED, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
                          WORKER_SNAPSHOTS)
@@ -228,7 +229,8 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
 
 def _merge_streams(states: Sequence[dict]) -> dict:
     """Iterable loaders: the datasets' states of every worker of every rank, merged by
-    `wds_elastic.merge_stream_states` (WebDataset in counted mode)."""
+    `wds_elastic.merge_stream_states` (WebDataset in counted mode) or `mix_state.merge_mix_states`
+    (a mix of map-style sources)."""
     dataset_states = []
     for k, state in enumerate(states):
         try:
@@ -248,7 +250,10 @@ def _merge_streams(states: Sequence[dict]) -> dict:
                            f"the states with snapshot_every_n_steps=1 (the default)")
             dataset_states.append(dataset_state)
     try:
-        merged = merge_stream_states(dataset_states)
+        if is_mix_state(dataset_states[0]):  # pooled_loader.mix.Mix
+            merged = merge_mix_states(dataset_states)
+        else:
+            merged = merge_stream_states(dataset_states)
     except ValueError as exc:
         raise _bad(str(exc)) from None
     return {"format": FORMAT, "iterable": True, "epoch": merged["epoch"],
