@@ -343,6 +343,7 @@ class _Stream:
         iters: dict[int, Iterator] = {s: self._open(s) for s in range(len(mix.names))
                                       if mix.iterable[s] and not self.exhausted[s]}
         perms: dict = {}
+        last = [-1 if size is None or mix.stop == "never" else size - 1 for size in mix.sizes]
         samples, tokens, passed_skip = self.counts["samples"], self.counts["tokens"], self.passed
         seed, epoch, shuffle, sizes = mix.seed, self.epoch, mix.shuffle, mix.sizes
         add, skip_on_error = CLOCK.add, mix.on_error == "skip"
@@ -351,8 +352,6 @@ class _Stream:
                 passed_skip -= len(positions)
                 continue
             start, passed_skip = passed_skip, 0
-            for s in np.flatnonzero(~order.active).tolist():
-                self.exhausted[s] = True  # a map-style source ran out (all_exhausted)
             for g, s, j in zip(positions[start:], srcs[start:], draws[start:]):
                 t0 = perf_counter_ns()
                 if mix.iterable[s]:
@@ -377,11 +376,11 @@ class _Stream:
                 if not ok:
                     continue
                 samples[s] += 1
+                if j == last[s]:
+                    self.exhausted[s] = True  # its last item (the slot that drew it says so)
                 if lengths[s] is not None:
                     tokens[s] += int(lengths[s][index])
                 yield (sample, mix.names[s]) if mix.with_source else sample
-        if order.ended_by is not None:
-            self.exhausted[order.ended_by] = True
         self.ended = True
 
     def _lengths(self, s: int) -> np.ndarray | None:

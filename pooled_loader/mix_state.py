@@ -53,18 +53,19 @@ def _bad(key: str, message: str) -> ValueError:
                       f"PooledLoader.state_dict() with this Mix (a JSON round trip is fine).")
 
 
-def _int(state: dict, key: str, most: int = MAX_COUNT, least: int = 0) -> int:
-    value = _at(state, key)
+def _int(state: dict, key: str, most: int = MAX_COUNT, least: int = 0, where: str = "") -> int:
+    """The integer at dotted `key` of `state` (at `where` in the whole state), in least..most."""
+    value = _at(state, key, where)
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise _bad(key, f"should be an integer in {least}..{most}, got {value!r:.80}")
+        raise _bad(where + key, f"should be an integer in {least}..{most}, got {value!r:.80}")
     return value
 
 
-def _at(state: Any, key: str) -> Any:
+def _at(state: Any, key: str, where: str = "") -> Any:
     node = state
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise _bad(key, "is missing")
+            raise _bad(where + key, "is missing")
         node = node[part]
     return node
 
@@ -126,17 +127,15 @@ def check_rounds(state: dict) -> list[dict]:
         key = f"rounds[{k}]"
         if not isinstance(round_, dict):
             raise _bad(key, "should be {slots, batch, passed}")
-        slots = _int(round_, "slots", MAX_SLOTS, 1) if "slots" in round_ else None
-        if slots is None or "batch" not in round_:
-            raise _bad(key, "should be {slots, batch, passed}")
-        _int(round_, "batch", MAX_COUNT, 1)
+        slots = _int(round_, "slots", MAX_SLOTS, 1, f"{key}.")
+        _int(round_, "batch", MAX_COUNT, 1, f"{key}.")
         passed = round_.get("passed")
         if not isinstance(passed, dict) or len(passed) > slots:
             raise _bad(f"{key}.passed", "should map each slot to its count")
         for slot, count in passed.items():
             if not (isinstance(slot, str) and slot.isdigit() and int(slot) < slots):
                 raise _bad(f"{key}.passed", f"names slot {slot!r:.20} of {slots}")
-            _int(passed, slot)
+            _int(passed, slot, where=f"{key}.passed.")
     return rounds
 
 
@@ -179,9 +178,6 @@ def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None) 
         key = f"per_source.{name}"
         for count in COUNTS:
             _int(state, f"{key}.{count}")
-        for count in ("samples", "failed"):
-            if state["per_source"][name][count] > passed:
-                raise _bad(f"{key}.{count}", f"is more than the {passed} positions passed")
         _bool(state, f"{key}.exhausted")
         _at(state, f"{key}.state")
     return state
