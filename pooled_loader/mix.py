@@ -43,7 +43,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .distributed import rank_and_world
 from .errors import SampleError
-from .mix_order import Order, rest_after, share_of, source_item
+from .mix_order import Order, rest_after, share_of, source_items
 from .mix_state import FORMAT, MERGED, account, check_state, check_weights, merge_mix_states
 from .seeds import sample_seed, seed_globals
 from .stages import CLOCK, perf_counter_ns
@@ -176,7 +176,7 @@ class Mix(IterableDataset):
         if resume is not None and resume["epoch"] != self.epoch:
             resume = None  # a state of another epoch (a finished one): start this epoch afresh
         self._live = _Stream(self, resume)
-        return self._live
+        return self._live.run()
 
     def state_dict(self) -> dict:
         """This slot's position after the last sample its iterator yielded (plain JSON data, as
@@ -253,7 +253,7 @@ class _Stream:
         self.source_states: list[Any] = [None] * n
         if resume is not None:
             self._restore(resume)
-        self._gen = self._run()
+        self._perms: dict = {}  # source -> (pass, its permutation)
 
     def _restore(self, state: dict) -> None:
         self.rounds = list(state["rounds"])
@@ -270,12 +270,6 @@ class _Stream:
             self.counts[c] = [per[n][c] for n in self.mix.names]
         self.exhausted = [per[n]["exhausted"] for n in self.mix.names]
         self.source_states = [per[n]["state"] for n in self.mix.names]
-
-    def __iter__(self) -> "_Stream":
-        return self
-
-    def __next__(self) -> Any:
-        return next(self._gen)
 
     def state(self) -> dict:
         mix = self.mix
@@ -315,14 +309,15 @@ class _Stream:
                      static=True, stop=mix.stop, limit=mix.samples_per_epoch,
                      batch=mix.batch_size)
 
-    def _mine(self, order: Order) -> Iterator[tuple[list, list, list]]:
-        """(positions, sources, draw numbers) of this slot's share, chunk by chunk, in order."""
+    def _mine(self, order: Order) -> Iterator[tuple[list, list, list, list]]:
+        """(positions, sources, draw numbers, item indices (map-style; -1: iterable)) of this
+        slot's share, chunk by chunk, in order."""
         b, slots, slot = self.mix.batch_size, self.slots, self.slot
         if not self.rounds:
             for chunk in order.chunks():
                 g = np.arange(chunk.start, chunk.start + len(chunk.src), dtype=np.int64)
                 keep = (g // b) % slots == slot
-                yield g[keep].tolist(), chunk.src[keep].tolist(), chunk.draw[keep].tolist()
+                yield self._with_items(g[keep], chunk.src[keep], chunk.draw[keep])
             return
         # an elastic resume: this slot's share of what the earlier rounds left
         chunks = list(order.chunks())
@@ -330,10 +325,21 @@ class _Stream:
         mine = share_of(rest_after(length, self.rounds), slot, slots, b)
         src = np.concatenate([c.src for c in chunks]) if chunks else np.zeros(0, np.int64)
         draw = np.concatenate([c.draw for c in chunks]) if chunks else np.zeros(0, np.int64)
-        yield mine.tolist(), src[mine].tolist(), draw[mine].tolist()
+        yield self._with_items(mine, src[mine], draw[mine])
+
+    def _with_items(self, g: np.ndarray, src: np.ndarray, draw: np.ndarray) -> tuple:
+        mix = self.mix
+        items = np.full(len(g), -1, dtype=np.int64)
+        for s, size in enumerate(mix.sizes):
+            mask = src == s
+            if size is not None and mask.any():
+                items[mask] = source_items(mix.seed, self.epoch, s, size, draw[mask],
+                                           mix.shuffle, self._perms)
+        return g.tolist(), src.tolist(), draw.tolist(), items.tolist()
 
     # -- reading -----------------------------------------------------------------------------------
-    def _run(self) -> Iterator[Any]:
+    def run(self) -> Iterator[Any]:
+        """The slot's samples (the generator `iter(mix)` returns)."""
         if self.ended:
             return
         mix = self.mix
@@ -342,17 +348,17 @@ class _Stream:
         lengths = [self._lengths(s) for s in range(len(mix.names))]
         iters: dict[int, Iterator] = {s: self._open(s) for s in range(len(mix.names))
                                       if mix.iterable[s] and not self.exhausted[s]}
-        perms: dict = {}
         last = [-1 if size is None or mix.stop == "never" else size - 1 for size in mix.sizes]
         samples, tokens, passed_skip = self.counts["samples"], self.counts["tokens"], self.passed
-        seed, epoch, shuffle, sizes = mix.seed, self.epoch, mix.shuffle, mix.sizes
+        seed, epoch = mix.seed, self.epoch
         add, skip_on_error = CLOCK.add, mix.on_error == "skip"
-        for positions, srcs, draws in self._mine(order):
+        for positions, srcs, draws, items in self._mine(order):
             if passed_skip >= len(positions):
                 passed_skip -= len(positions)
                 continue
             start, passed_skip = passed_skip, 0
-            for g, s, j in zip(positions[start:], srcs[start:], draws[start:]):
+            for g, s, j, index in zip(positions[start:], srcs[start:], draws[start:],
+                                      items[start:]):
                 t0 = perf_counter_ns()
                 if mix.iterable[s]:
                     ok, sample = self._next_of(s, iters, order)
@@ -360,7 +366,6 @@ class _Stream:
                         self.ended = True
                         return
                 else:
-                    index = source_item(seed, epoch, s, sizes[s], j, shuffle, perms)
                     if mix.per_sample_seed:
                         seed_globals(sample_seed(seed, epoch, g))
                     try:

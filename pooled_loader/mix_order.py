@@ -9,7 +9,7 @@ generator state.
 
 Every (rank, worker) slot computes the whole sequence (vectorised, a few ns a position), so that
 for each of its own positions it knows how many times that source was drawn before it: that
-*draw number* ``j`` picks item ``j`` of a map-style source's own order (:func:`source_item`), and
+*draw number* ``j`` picks item ``j`` of a map-style source's own order (:func:`source_items`), and
 a source's count reaching its length is the exhaustion point every slot agrees on. Sources
 without a length here (``None``: iterable sources, split by their own mechanism) are never
 exhausted globally; the slot that runs out of its share of one handles it (``mix.py``).
@@ -31,7 +31,7 @@ import numpy as np
 
 from .seeds import splitmix64
 
-__all__ = ["Order", "Chunk", "source_item", "rest_after", "share_of", "STOPS"]
+__all__ = ["Order", "Chunk", "source_items", "rest_after", "share_of", "STOPS"]
 
 STOPS = ("first_exhausted", "all_exhausted", "never")
 CHUNK = 8192  # positions drawn at a time; aligned to multiples of it, so pure in g
@@ -152,20 +152,25 @@ class Order:
         return end
 
 
-def source_item(seed: int, epoch: int, source: int, size: int, draw: int, shuffle: bool,
-                cache: dict) -> int:
-    """The index in a map-style source of its draw number `draw`: its own order, a permutation
-    per (seed, epoch, source, pass) when `shuffle`, else 0..size-1; pass `draw // size` (stop
-    "never" reads a source again, in a new order). `cache` keeps one permutation per source."""
-    cycle, k = divmod(draw, size)
+def source_items(seed: int, epoch: int, source: int, size: int, draws: np.ndarray,
+                 shuffle: bool, cache: dict) -> np.ndarray:
+    """The indices in a map-style source of its draw numbers `draws`: its own order, a
+    permutation per (seed, epoch, source, pass) when `shuffle`, else 0..size-1; pass
+    `draw // size` (stop "never" reads a source again, in a new order). `cache` keeps one
+    permutation per source."""
+    cycles, k = np.divmod(draws, size)
     if not shuffle:
         return k
-    got = cache.get(source)
-    if got is None or got[0] != cycle:
-        key = epoch_key(seed, epoch, ((source + 1) << 32) + cycle)
-        perm = np.random.Generator(np.random.Philox(key=key)).permutation(size)
-        got = cache[source] = (cycle, perm)
-    return int(got[1][k])
+    out = np.empty(len(draws), dtype=np.int64)
+    for cycle in np.unique(cycles).tolist():
+        got = cache.get(source)
+        if got is None or got[0] != cycle:
+            key = epoch_key(seed, epoch, ((source + 1) << 32) + cycle)
+            perm = np.random.Generator(np.random.Philox(key=key)).permutation(size)
+            got = cache[source] = (cycle, perm)
+        mask = cycles == cycle
+        out[mask] = got[1][k[mask]]
+    return out
 
 
 def share_of(positions: np.ndarray, slot: int, slots: int, batch: int) -> np.ndarray:
