@@ -415,3 +415,17 @@ def test_bad_weights():
         Mix({"a": Ids(0, 3)}, {"a": float("nan")})
     with pytest.raises(ValueError, match="every weight is 0"):
         Mix({"a": Ids(0, 3)}, {"a": 0})
+
+
+def test_a_state_saved_at_the_end_of_an_epoch_resumes_into_the_next():
+    def epoch_of(loader, e):
+        loader.set_epoch(e)
+        return [b.tolist() for b in loader]
+
+    loader = PooledLoader(three(), batch_size=8, num_workers=2)
+    epoch_of(loader, 0)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = epoch_of(PooledLoader(three(), batch_size=8, num_workers=2), 1)
+    resumed = PooledLoader(three(), batch_size=8, num_workers=2)
+    resumed.load_state_dict(state)
+    assert epoch_of(resumed, 1) == expected
