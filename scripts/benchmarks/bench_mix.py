@@ -170,6 +170,34 @@ def litdata_loader(root: str, n: int) -> Any:
     return StreamingDataLoader(combined, batch_size=BATCH, num_workers=WORKERS)
 
 
+# -- the mix's own cost ----------------------------------------------------------------------------
+class _Zero(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n, self.x = n, np.zeros(4)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.x
+
+
+def own_cost(n: int = 100_000) -> tuple[float, float]:
+    """(CPU us a sample of reading a free map-style source in a shuffled order, of the same
+    through Mix over three such sources), in this process: the mix's own bookkeeping (draws,
+    item indices, the stage clock), which wall-clock rates on a shared machine blur."""
+    sources = {k: _Zero(n) for k in WEIGHTS}
+    order = np.random.default_rng(0).permutation(n).tolist()
+    start = time.process_time()
+    for i in order:
+        sources["a"][i]
+    direct = (time.process_time() - start) / n
+    mix = Mix(sources, dict(WEIGHTS), stop="never", samples_per_epoch=n, batch_size=BATCH)
+    start = time.process_time()
+    count = sum(1 for _ in mix)
+    return 1e6 * direct, 1e6 * (time.process_time() - start) / count
+
+
 # -- state cost -------------------------------------------------------------------------------------
 def state_cost(make: Callable[[], Any], steps: int = 20) -> tuple[float, float]:
     """(seconds of state_dict() after `steps` batches, seconds of load_state_dict() on a fresh
@@ -240,6 +268,12 @@ def main() -> None:
         ours = med["ours: Mix(a, b, web)"]
         print(f"  expected mix rate from the singles: {expected:.0f}/s; mix cost: "
               f"{expected / ours - 1:+.1%}")
+        costs = [own_cost() for _ in range(3)]
+        direct, mixed = (statistics.median(c[k] for c in costs) for k in (0, 1))
+        per_sample = 1e6 / statistics.median(rates["ours: a alone"]) * WORKERS
+        print(f"  the mix's own CPU cost: {mixed - direct:.2f} us a sample (free source: "
+              f"{direct:.2f} us direct, {mixed:.2f} us through Mix); a sample here costs "
+              f"~{per_sample:.0f} us of worker time: {(mixed - direct) / per_sample:.1%}")
         for name in loaders:
             if "alone" not in name:
                 print(f"  {name} / ours: {med[name] / ours:.2f}x")
