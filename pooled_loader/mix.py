@@ -337,7 +337,7 @@ class _Stream:
                                            mix.shuffle, self._perms)
         return g.tolist(), src.tolist(), draw.tolist(), items.tolist()
 
-    # -- reading -----------------------------------------------------------------------------------
+    # -- reading ----------------------------------------------------------------------------------
     def run(self) -> Iterator[Any]:
         """The slot's samples (the generator `iter(mix)` returns)."""
         if self.ended:

@@ -1,4 +1,4 @@
-"""A mix's state: its layout, its checks, the elastic merge and the accounting (`pooled_loader.mix`).
+"""A mix's state: its layout, its checks, the elastic merge, the accounting (`pooled_loader.mix`).
 
 One (rank, worker) *slot* of a mix saves (``Mix.state_dict()``, inside its worker)::
 
@@ -178,6 +178,9 @@ def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None) 
         key = f"per_source.{name}"
         for count in COUNTS:
             _int(state, f"{key}.{count}")
+        for count in ("items", "passes"):  # each item or restart took one of its positions
+            if state["per_source"][name][count] > passed:
+                raise _bad(f"{key}.{count}", f"is more than the {passed} positions passed")
         _bool(state, f"{key}.exhausted")
         _at(state, f"{key}.state")
     return state
@@ -232,7 +235,8 @@ def merge_mix_states(states: Sequence[dict]) -> dict:
 def account(states: Sequence[Any], names: Sequence[str], weights: dict[str, float] | None,
             read_s: dict[str, float], with_lengths: set[str]) -> dict:
     """``stats()["mix"]``: per source the samples, tokens (None unless `with_lengths` names it)
-    and failures of the delivered slot `states` (this epoch), the realised and requested fractions and the read seconds; `notes`
+    and failures of the delivered slot `states` (this epoch), the realised and requested
+    fractions and the read seconds; `notes`
     for report(): exhausted, failing and starving sources."""
     totals = {n: {"samples": 0, "tokens": 0, "failed": 0, "exhausted": False} for n in names}
     for state in states:

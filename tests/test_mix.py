@@ -82,7 +82,7 @@ def source_of(x: int) -> str:
     return "a" if x < 1000 else "b" if x < 2000 else "c" if x < 3000 else "w"
 
 
-# -- the order --------------------------------------------------------------------------------------
+# -- the order ------------------------------------------------------------------------------------
 def test_vectorised_mixer_is_seeds_splitmix64():
     from pooled_loader.mix_order import _mix64
     x = np.array([0, 1, 12345, (1 << 63) + 5, (1 << 64) - 1], dtype=np.uint64)
@@ -130,7 +130,7 @@ def test_same_seed_same_order_other_epoch_other_order():
     assert first == again and first != other
 
 
-# -- stop modes -------------------------------------------------------------------------------------
+# -- stop modes -----------------------------------------------------------------------------------
 def test_first_exhausted_stops_at_the_first_draw_of_an_empty_source():
     batches, loader = run(three(shuffle=False))
     got = collections.Counter(source_of(x) for x in flat(batches))
@@ -189,7 +189,7 @@ def test_webdataset_source_with_resume(tmp_path):
         assert head + rest == full, cut
 
 
-# -- resume -----------------------------------------------------------------------------------------
+# -- resume ---------------------------------------------------------------------------------------
 def _end_of_c(full):
     """The batch holding source c's last item."""
     return max(k for k, b in enumerate(full) for x in b if source_of(x) == "c") + 1
@@ -271,7 +271,7 @@ def test_weights_as_a_callable_of_step():
     assert batches == run(mix, workers=0)[0]
 
 
-# -- elastic ----------------------------------------------------------------------------------------
+# -- elastic --------------------------------------------------------------------------------------
 def _ranks(monkeypatch, world, steps=None, states=None):
     """Every rank's batches (each rank a loader with 2 workers), and their states."""
     out, saved = [], []
@@ -317,7 +317,7 @@ def test_merge_refuses_a_mix_with_an_iterable_source():
         merge_rank_states([loader.state_dict()])
 
 
-# -- failures and accounting ------------------------------------------------------------------------
+# -- failures and accounting ----------------------------------------------------------------------
 def test_a_failing_source_is_counted_and_never_starves_the_others():
     def mix(fail):
         return Mix({"a": Ids(0, 300), "b": Ids(1000, 120, fail=fail), "c": Ids(2000, 50)},
@@ -363,7 +363,7 @@ def test_report_names_a_starving_source():
     assert "'fast' STARVES" not in loader.report()
 
 
-# -- hostile states ---------------------------------------------------------------------------------
+# -- hostile states -------------------------------------------------------------------------------
 def _saved_state():
     _, loader = run(three(), batches=3)
     return json.loads(json.dumps(loader.state_dict()))
@@ -375,7 +375,7 @@ def _saved_state():
     ("schedule", [[0, {"a": -1.0, "b": 1.0, "c": 1.0}]]), ("schedule", [[0, {"a": 1.0}]]),
     ("rounds", [{"slots": 0, "batch": 8, "passed": {}}]),
     ("rounds", [{"slots": 2, "batch": 8, "passed": {"5": 1}}]), ("format", "other"),
-    ("per_source.a", None), ("world_size", 0),
+    ("per_source.a", None), ("world_size", 0), ("per_source.a.items", 10 ** 9),
 ])
 def test_hostile_states_raise_value_error_naming_the_key(key, value):
     state = _saved_state()

@@ -19,6 +19,7 @@ loader up to its first batch (ours includes starting 2 workers; so does theirs).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -83,7 +84,7 @@ def make_shards(root: str, n: int, per_shard: int) -> list[str]:
     return paths
 
 
-# -- ours -------------------------------------------------------------------------------------------
+# -- ours -----------------------------------------------------------------------------------------
 def ours_single(src: Any) -> PooledLoader:
     iterable = isinstance(src, torch.utils.data.IterableDataset)
     return PooledLoader(src, batch_size=BATCH, shuffle=None if iterable else True,
@@ -105,7 +106,7 @@ def timed_epoch(loader: Any, limit: int | None = None) -> tuple[int, float]:
     return n, time.perf_counter() - start
 
 
-# -- torchdata.nodes --------------------------------------------------------------------------------
+# -- torchdata.nodes ------------------------------------------------------------------------------
 def _td_raw(item: tuple) -> np.ndarray:
     return work(item[1])
 
@@ -137,7 +138,7 @@ def torchdata_loader(a: Bytes, b: Bytes, shards: list[str]) -> Any:
     return tn.Loader(node)
 
 
-# -- litdata ----------------------------------------------------------------------------------------
+# -- litdata --------------------------------------------------------------------------------------
 def _lit_item(i: int) -> dict:
     return {"bin": np.random.default_rng(i).integers(0, 256, ITEM, dtype=np.uint8).tobytes()}
 
@@ -170,7 +171,7 @@ def litdata_loader(root: str, n: int) -> Any:
     return StreamingDataLoader(combined, batch_size=BATCH, num_workers=WORKERS)
 
 
-# -- the mix's own cost ----------------------------------------------------------------------------
+# -- the mix's own cost ---------------------------------------------------------------------------
 class _Zero(torch.utils.data.Dataset):
     def __init__(self, n: int) -> None:
         self.n, self.x = n, np.zeros(4)
@@ -198,7 +199,7 @@ def own_cost(n: int = 100_000) -> tuple[float, float]:
     return 1e6 * direct, 1e6 * (time.process_time() - start) / count
 
 
-# -- state cost -------------------------------------------------------------------------------------
+# -- state cost -----------------------------------------------------------------------------------
 def state_cost(make: Callable[[], Any], steps: int = 20) -> tuple[float, float]:
     """(seconds of state_dict() after `steps` batches, seconds of load_state_dict() on a fresh
     loader up to its first batch)."""
@@ -231,6 +232,19 @@ def main() -> None:
         a, b = Bytes(args.per_source, 0), Bytes(args.per_source, 1)
         shards = make_shards(tmp, args.per_source, 1000)
         web = WebDataset(shards, transform=web_work, seed=1)
+        print("state_dict / load_state_dict + first batch (seconds):")
+        makers = {"ours: Mix(a, b, web)": lambda: ours_mix(a, b, shards, args.samples),
+                  "torchdata MultiNodeWeightedSampler": lambda: torchdata_loader(a, b, shards),
+                  "litdata CombinedStreamingDataset": lambda: litdata_loader(tmp,
+                                                                             args.per_source)}
+        for name, make in makers.items():
+            try:
+                saved, loaded = state_cost(make)
+                print(f"  {name:40s} state_dict {1e3 * saved:8.2f} ms   load+first batch "
+                      f"{loaded:6.2f} s")
+            except Exception as exc:  # noqa: BLE001
+                print(f"  {name}: {type(exc).__name__}: {exc}")
+        gc.collect()  # the peers' loaders of the state phase, before our workers fork
         loaders: dict[str, Any] = {"ours: a alone": ours_single(a), "ours: b alone": ours_single(b),
                                    "ours: web alone": ours_single(web),
                                    "ours: Mix(a, b, web)": ours_mix(a, b, shards, args.samples)}
@@ -258,42 +272,38 @@ def main() -> None:
         print(f"\nreps={REPS} (per-sample work), batch {BATCH}, {WORKERS} workers, "
               f"{args.rounds} rounds, medians (samples/s):")
         for name, rate in med.items():
-            print(f"  {name:40s} {rate:10.0f}   (rounds: {', '.join(f'{x:.0f}' for x in rates[name])})")
+            rounds = ", ".join(f"{x:.0f}" for x in rates[name])
+            print(f"  {name:40s} {rate:10.0f}   (rounds: {rounds})")
         fractions = {"a": WEIGHTS["a"], "b": WEIGHTS["b"], "web": WEIGHTS["web"]}
         mix_stats = loaders["ours: Mix(a, b, web)"].stats()["mix"]["sources"]
-        total = sum(s["samples"] for s in mix_stats.values())
+        total = sum(v["samples"] for v in mix_stats.values())
         if total:
-            fractions = {k: s["samples"] / total for k, s in mix_stats.items()}
-        expected = 1 / sum(f / med[f"ours: {k} alone"] for k, f in fractions.items())
-        ours = med["ours: Mix(a, b, web)"]
-        print(f"  expected mix rate from the singles: {expected:.0f}/s; mix cost: "
-              f"{expected / ours - 1:+.1%}")
-        costs = [own_cost() for _ in range(3)]
-        direct, mixed = (statistics.median(c[k] for c in costs) for k in (0, 1))
-        per_sample = 1e6 / statistics.median(rates["ours: a alone"]) * WORKERS
+            fractions = {k: v["samples"] / total for k, v in mix_stats.items()}
+
+        def expected(r: int) -> float:
+            return 1 / sum(f / rates[f"ours: {k} alone"][r] for k, f in fractions.items())
+        costs = [expected(r) / rates["ours: Mix(a, b, web)"][r] - 1 for r in range(args.rounds)]
+        print(f"  mix cost over reading its sources alone (the singles' rates weighted by the "
+              f"realised fractions), per round: {', '.join(f'{c:+.1%}' for c in costs)}; "
+              f"median {statistics.median(costs):+.1%}")
+        own = [own_cost() for _ in range(3)]
+        direct, mixed = (statistics.median(c[k] for c in own) for k in (0, 1))
+        start = time.process_time()
+        for i in range(2000):
+            a[i]
+        per_sample = 1e6 * (time.process_time() - start) / 2000
         print(f"  the mix's own CPU cost: {mixed - direct:.2f} us a sample (free source: "
-              f"{direct:.2f} us direct, {mixed:.2f} us through Mix); a sample here costs "
-              f"~{per_sample:.0f} us of worker time: {(mixed - direct) / per_sample:.1%}")
+              f"{direct:.2f} us direct, {mixed:.2f} us through Mix); reading a sample of 'a' "
+              f"costs {per_sample:.0f} us of CPU: {(mixed - direct) / per_sample:.1%}")
         for name in loaders:
-            if "alone" not in name:
-                print(f"  {name} / ours: {med[name] / ours:.2f}x")
+            if not name.startswith("ours"):
+                ratios = [x / y for x, y in zip(rates[name], rates["ours: Mix(a, b, web)"])]
+                print(f"  {name} / ours (median of per-round ratios): "
+                      f"{statistics.median(ratios):.2f}x")
         for name, loader in loaders.items():
             close = getattr(loader, "close", None)
             if callable(close):
                 close()
-        print("\nstate_dict / load_state_dict + first batch (seconds):")
-        makers = {"ours: Mix(a, b, web)": lambda: ours_mix(a, b, shards, args.samples),
-                  "torchdata MultiNodeWeightedSampler": lambda: torchdata_loader(a, b, shards)}
-        if "litdata CombinedStreamingDataset" in med:
-            makers["litdata CombinedStreamingDataset"] = lambda: litdata_loader(
-                tmp, args.per_source)
-        for name, make in makers.items():
-            try:
-                saved, loaded = state_cost(make)
-                print(f"  {name:40s} state_dict {1e3 * saved:8.2f} ms   load+first batch "
-                      f"{loaded:6.2f} s")
-            except Exception as exc:  # noqa: BLE001
-                print(f"  {name}: {type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
