@@ -38,6 +38,7 @@ sys.path.insert(0, ROOT)
 from pooled_loader import PooledLoader  # noqa: E402
 from pooled_loader.mix import Mix  # noqa: E402
 from pooled_loader.webdataset import WebDataset  # noqa: E402
+from bench_wds import cpu_seconds  # noqa: E402 - psutil: CPU of this process and its workers
 
 ITEM = 3 * 32 * 32
 BATCH, WORKERS = 256, 2
@@ -97,13 +98,15 @@ def ours_mix(a: Bytes, b: Bytes, shards: list[str], samples: int) -> PooledLoade
     return PooledLoader(mix, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True)
 
 
-def timed_epoch(loader: Any, limit: int | None = None) -> tuple[int, float]:
-    start, n = time.perf_counter(), 0
+def timed_epoch(loader: Any, limit: int | None = None) -> tuple[int, float, float | None]:
+    """(samples, wall seconds, CPU seconds of this process and its workers or None)."""
+    cpu0, start, n = cpu_seconds(), time.perf_counter(), 0
     for batch in loader:
         n += len(batch)
         if limit is not None and n >= limit:
             break
-    return n, time.perf_counter() - start
+    wall, cpu1 = time.perf_counter() - start, cpu_seconds()
+    return n, wall, None if cpu0 is None else cpu1 - cpu0
 
 
 # -- torchdata.nodes ------------------------------------------------------------------------------
@@ -199,6 +202,29 @@ def own_cost(n: int = 100_000) -> tuple[float, float]:
     return 1e6 * direct, 1e6 * (time.process_time() - start) / count
 
 
+def in_process_cpu(a: Bytes, b: Bytes, shards: list[str], samples: int,
+                   rounds: int) -> dict[str, float]:
+    """CPU us a sample with 0 workers (everything in this process, so other processes' load
+    hardly moves it): each source alone, then the mix; medians of `rounds` interleaved runs."""
+    makers = {"a": lambda: PooledLoader(a, batch_size=BATCH, shuffle=True),
+              "b": lambda: PooledLoader(b, batch_size=BATCH, shuffle=True),
+              "web": lambda: PooledLoader(WebDataset(shards, transform=web_work, seed=1),
+                                          batch_size=BATCH),
+              "mix": lambda: PooledLoader(
+                  Mix({"a": a, "b": b, "web": WebDataset(shards, transform=web_work, seed=1)},
+                      dict(WEIGHTS), stop="never", samples_per_epoch=samples,
+                      batch_size=BATCH), batch_size=BATCH)}
+    got: dict[str, list[float]] = {k: [] for k in makers}
+    for _ in range(rounds):
+        for name, make in makers.items():
+            loader = make()
+            start, n = time.process_time(), 0
+            for batch in loader:
+                n += len(batch)
+            got[name].append(1e6 * (time.process_time() - start) / n)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 # -- state cost -----------------------------------------------------------------------------------
 def state_cost(make: Callable[[], Any], steps: int = 20) -> tuple[float, float]:
     """(seconds of state_dict() after `steps` batches, seconds of load_state_dict() on a fresh
@@ -257,17 +283,20 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"litdata skipped: {type(exc).__name__}: {exc}")
         rates: dict[str, list[float]] = {k: [] for k in loaders}
+        cpu_us: dict[str, list[float]] = {k: [] for k in loaders}  # CPU us a sample
         for r in range(args.rounds + 1):  # the first round warms up (workers, page cache)
             for name, loader in list(loaders.items()):
                 limit = args.samples if "alone" not in name else None
                 try:
-                    n, s = timed_epoch(loader, limit)
+                    n, s, cpu = timed_epoch(loader, limit)
                 except Exception as exc:  # noqa: BLE001
                     print(f"{name} failed: {type(exc).__name__}: {exc}; dropped")
                     del loaders[name], rates[name]
                     continue
                 if r:
                     rates[name].append(n / s)
+                    if cpu is not None:
+                        cpu_us[name].append(1e6 * cpu / n)
         med = {k: statistics.median(v) for k, v in rates.items()}
         print(f"\nreps={REPS} (per-sample work), batch {BATCH}, {WORKERS} workers, "
               f"{args.rounds} rounds, medians (samples/s):")
@@ -286,6 +315,19 @@ def main() -> None:
         print(f"  mix cost over reading its sources alone (the singles' rates weighted by the "
               f"realised fractions), per round: {', '.join(f'{c:+.1%}' for c in costs)}; "
               f"median {statistics.median(costs):+.1%}")
+        if all(cpu_us[f"ours: {k} alone"] for k in fractions) and cpu_us["ours: Mix(a, b, web)"]:
+            cpu = {k: statistics.median(v) for k, v in cpu_us.items() if v}
+            want = sum(f * cpu[f"ours: {k} alone"] for k, f in fractions.items())
+            got = cpu["ours: Mix(a, b, web)"]
+            print(f"  CPU us a sample (main + workers, medians): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if k.startswith("ours"))
+                  + f"; expected for the mix from the singles {want:.1f}: mix cost "
+                  f"{got / want - 1:+.1%}")
+        cpu0 = in_process_cpu(a, b, shards, args.per_source, args.rounds)
+        want = sum(WEIGHTS[k] * cpu0[k] for k in WEIGHTS)
+        print(f"  0 workers, CPU us a sample (medians): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in cpu0.items())
+              + f"; expected for the mix {want:.1f}: mix cost {cpu0['mix'] / want - 1:+.1%}")
         own = [own_cost() for _ in range(3)]
         direct, mixed = (statistics.median(c[k] for c in own) for k in (0, 1))
         start = time.process_time()
