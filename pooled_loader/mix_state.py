@@ -21,14 +21,12 @@ map-style sources are merged: an iterable source is split by its own (rank, work
 which of its items a slot holds does not follow from the positions.
 
 Every number read from a state is checked (type and range) and a bad one raises ValueError naming
-its key. Imports: ``mix_order`` only.
+its key. Imports nothing of the package (``elastic.py`` imports it for the merge).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
-
-from .mix_order import STOPS
 
 __all__ = ["FORMAT", "MERGED", "check_state", "merge_mix_states", "account", "is_mix_state"]
 

@@ -202,11 +202,26 @@ def own_cost(n: int = 100_000) -> tuple[float, float]:
     return 1e6 * direct, 1e6 * (time.process_time() - start) / count
 
 
+class _AsIterable(torch.utils.data.IterableDataset):
+    """A map-style source read in a shuffled order through the loader's iterable path."""
+
+    def __init__(self, source: Bytes) -> None:
+        self.source = source
+
+    def __iter__(self):
+        for i in np.random.default_rng(0).permutation(len(self.source)).tolist():
+            yield self.source[i]
+
+
 def in_process_cpu(a: Bytes, b: Bytes, shards: list[str], samples: int,
                    rounds: int) -> dict[str, float]:
     """CPU us a sample with 0 workers (everything in this process, so other processes' load
     hardly moves it): each source alone, then the mix; medians of `rounds` interleaved runs."""
     makers = {"a": lambda: PooledLoader(a, batch_size=BATCH, shuffle=True),
+              "a as an IterableDataset": lambda: PooledLoader(_AsIterable(a), batch_size=BATCH),
+              "Mix(a)": lambda: PooledLoader(Mix({"a": a}, {"a": 1.0}, stop="never",
+                                                 samples_per_epoch=len(a), batch_size=BATCH),
+                                             batch_size=BATCH),
               "b": lambda: PooledLoader(b, batch_size=BATCH, shuffle=True),
               "web": lambda: PooledLoader(WebDataset(shards, transform=web_work, seed=1),
                                           batch_size=BATCH),
@@ -327,7 +342,10 @@ def main() -> None:
         want = sum(WEIGHTS[k] * cpu0[k] for k in WEIGHTS)
         print(f"  0 workers, CPU us a sample (medians): "
               + ", ".join(f"{k} {v:.1f}" for k, v in cpu0.items())
-              + f"; expected for the mix {want:.1f}: mix cost {cpu0['mix'] / want - 1:+.1%}")
+              + f"; expected for the mix {want:.1f}: mix cost {cpu0['mix'] / want - 1:+.1%}; "
+              f"Mix(a) over a read through the iterable path "
+              f"{cpu0['Mix(a)'] / cpu0['a as an IterableDataset'] - 1:+.1%}, over a map-style "
+              f"{cpu0['Mix(a)'] / cpu0['a'] - 1:+.1%}")
         own = [own_cost() for _ in range(3)]
         direct, mixed = (statistics.median(c[k] for c in own) for k in (0, 1))
         start = time.process_time()
