@@ -255,7 +255,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if elastic is not None and self._load_elastic(state, elastic):
             return
         resume = parse(state, self._state_check(), self._state_limits())
-        adopt = getattr(self.dataset, "adopt_worker_states", None)
+        adopt = getattr(self.dataset, "pooled_check_states", None)
         if callable(adopt):  # e.g. mix.Mix: checks its states here and takes their weights
             adopt([s.dataset_state for s in resume.streams.values()])
         if state["_pooled"].get("loader_epoch") is not None:
@@ -334,7 +334,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def stats(self) -> dict:
         """Pool statistics and where the time goes (docs/observability.md)."""
         figures = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
-        account = getattr(self.dataset, "account", None)
+        account = getattr(self.dataset, "pooled_figures", None)
         if callable(account):  # e.g. mix.Mix: figures["mix"] from the delivered states
             streams = self._progress.streams.values() if self._progress is not None else ()
             figures.update(account([s.dataset_state for s in streams], figures))

@@ -206,7 +206,7 @@ class Mix(IterableDataset):
             schedule.append([epoch, weights])
         self._schedule = schedule
 
-    def adopt_worker_states(self, states: list) -> None:
+    def pooled_check_states(self, states: list) -> None:
         """Called by `PooledLoader.load_state_dict` in the main process with every worker's
         saved state: checks them there (a bad one raises before any worker starts) and takes
         their weight schedule, so the epochs after the resumed one use it too."""
@@ -225,7 +225,7 @@ class Mix(IterableDataset):
                 log += [(f"{name}: {where}", why) for where, why in pop()]
         return log
 
-    def account(self, states: list, figures: dict) -> dict:
+    def pooled_figures(self, states: list, figures: dict) -> dict:
         """``{"mix": ...}`` for `PooledLoader.stats()`, from its workers' delivered states and
         its figures (per-source read seconds: the ``mix:<name>`` stages)."""
         total = figures.get("stages", {}).get("all", {}).get("total_s", {})

@@ -429,3 +429,16 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_into_the_next():
     resumed = PooledLoader(three(), batch_size=8, num_workers=2)
     resumed.load_state_dict(state)
     assert epoch_of(resumed, 1) == expected
+
+
+def test_persistent_workers_follow_set_epoch():
+    def epochs(**kw):
+        loader = PooledLoader(three(), batch_size=8, num_workers=2, **kw)
+        out = []
+        for e in range(2):
+            loader.set_epoch(e)
+            out.append([b.tolist() for b in loader])
+        return out
+
+    persistent = epochs(persistent_workers=True)
+    assert persistent == epochs() and persistent[0] != persistent[1]
