@@ -114,10 +114,10 @@ class Mix(IterableDataset):
     # -- configuration --------------------------------------------------------------------------
     def set_weights(self, weights: Weights, from_epoch: int | None = None) -> None:
         """Use `weights` (a dict, or a callable of the global batch number) from epoch
-        `from_epoch` on (default: the current epoch, i.e. after `loader.set_epoch(e)`). Recorded
-        in the state, so a resume continues with the weights in force. Workers copy the mix
-        when an epoch starts: with persistent workers, set the weights before the first epoch
-        (with `from_epoch`) or pass a callable."""
+        `from_epoch` on (default: the current epoch, i.e. after `loader.set_epoch(e)`), replacing
+        any set for that epoch or later. Recorded in the state, so a resume continues with the
+        weights in force. Workers copy the mix when an epoch starts: with persistent workers,
+        set the weights before the first epoch (with `from_epoch`) or pass a callable."""
         epoch = self.epoch if from_epoch is None else from_epoch
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"Mix.set_weights: from_epoch must be an integer >= 0, got {epoch!r}")

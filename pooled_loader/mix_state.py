@@ -104,8 +104,8 @@ def check_schedule(state: dict, names: Sequence[str]) -> list:
             raise _bad(key, "should be [from_epoch, weights or null]")
         epoch = entry[0]
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= last \
-                or epoch > MAX_COUNT:
-            raise _bad(key, f"has from_epoch {epoch!r:.40}: epochs must increase")
+                or epoch > MAX_COUNT or (k == 0 and epoch != 0):
+            raise _bad(key, f"has from_epoch {epoch!r:.40}: epochs must increase from 0")
         last = epoch
         weights = None
         if entry[1] is not None:

@@ -376,6 +376,7 @@ def _saved_state():
     ("rounds", [{"slots": 0, "batch": 8, "passed": {}}]),
     ("rounds", [{"slots": 2, "batch": 8, "passed": {"5": 1}}]), ("format", "other"),
     ("per_source.a", None), ("world_size", 0), ("per_source.a.items", 10 ** 9),
+    ("schedule", [[5, {"a": 1.0, "b": 1.0, "c": 1.0}]]), ("schedule", []),
 ])
 def test_hostile_states_raise_value_error_naming_the_key(key, value):
     state = _saved_state()
