@@ -34,6 +34,7 @@ from torch.utils.data import DistributedSampler
 
 from .constants import MAX_WORLD_SIZE
 from .errors import StateMismatch
+from .mix_state import is_mix_state, merge_mix_states
 from .state_checks import StateChecks
 from .wds_elastic import merge_stream_states
 from .state_keys import (BASE_SEED, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
@@ -239,7 +240,8 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
 
 def _merge_streams(states: Sequence[dict]) -> dict:
     """Iterable loaders: the datasets' states of every worker of every rank, merged by
-    `wds_elastic.merge_stream_states` (WebDataset in counted mode)."""
+    `wds_elastic.merge_stream_states` (WebDataset in counted mode) or `mix_state.merge_mix_states`
+    (a mix of map-style sources)."""
     dataset_states, checks = [], []
     for k, state in enumerate(states):
         try:
@@ -261,7 +263,10 @@ def _merge_streams(states: Sequence[dict]) -> dict:
             checks.append(StateChecks(f"merge_rank_states: state {k}",
                                       f"{SNAPSHOT}.{WORKER_SNAPSHOTS}.{key}.dataset_state."))
     try:
-        merged = merge_stream_states(dataset_states, checks)
+        if is_mix_state(dataset_states[0]):  # pooled_loader.mix.Mix
+            merged = merge_mix_states(dataset_states)
+        else:
+            merged = merge_stream_states(dataset_states, checks)
     except StateMismatch:
         raise
     except ValueError as exc:

@@ -301,6 +301,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         resume = parse(state, self._state_check(), self._state_limits())
         if not isinstance(self.dataset, IterableDataset):
             SamplerCursor(self._index_sampler).check(resume.sampler_state)
+        adopt = getattr(self.dataset, "pooled_check_states", None)
+        if callable(adopt):  # e.g. mix.Mix: checks its states here and takes their weights
+            adopt([s.dataset_state for s in resume.streams.values()])
         if state["_pooled"].get("loader_epoch") is not None:
             self.set_epoch(_STATE.count(state, "_pooled.loader_epoch"))
         if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
@@ -406,10 +409,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
 
     def stats(self) -> dict:
         """Pool statistics and where the time goes (docs/observability.md)."""
-        snap = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
+        figures = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
         if self._fused is not None:
-            snap["transforms"] = self._fused.describe()
-        return snap
+            figures["transforms"] = self._fused.describe()
+        account = getattr(self.dataset, "pooled_figures", None)
+        if callable(account):  # e.g. mix.Mix: figures["mix"] from the delivered states
+            streams = self._progress.streams.values() if self._progress is not None else ()
+            figures.update(account([s.dataset_state for s in streams], figures))
+        return figures
 
     def reset_stats(self) -> None:
         """Start the time and traffic figures of `stats()`/`report()` afresh (pool figures stay)."""

@@ -45,6 +45,8 @@ FIXES = {
     "h2d": "host-to-device copies: send uint8 and normalize on the GPU "
            "(device_transform=cuda.NormalizeImages(...)), smaller batches of bytes",
 }
+MIX_FIX = ("reading the mix's source {stage!r} (pooled_loader.mix): add workers, cache or "
+           "localise that source, or lighten its transform")
 ONE_OFF = ("slot_sizing",)  # once per worker: never named as the slowest stage
 OP_FIX = ("the vision op {stage!r}: put flip/ToCHW/Normalize right after the resize (they are "
           "fused into it), or move it to the GPU (device_transform)")
@@ -167,7 +169,8 @@ def slowest_stage(s: dict) -> tuple[str, str] | None:
     else:
         figure = (f"{st['all']['per_sample_ms'][stage]:.3f} ms per sample, "
                   f"{st['all']['total_s'][stage] / busy:.0%} of the workers' time")
-    fix = FIXES.get(stage) or OP_FIX.format(stage=stage)
+    fix = FIXES.get(stage) or (MIX_FIX.format(stage=stage[4:]) if stage.startswith("mix:")
+                               else OP_FIX.format(stage=stage))
     return stage, f"slowest stage: {stage} ({figure}); {fix}"
 
 
@@ -198,6 +201,8 @@ def report_text(s: dict, ranks: list[dict] | None = None) -> str:
         text += (f" The loader's {slowest[1]}." if loader_bound else
                  f" (The loader's {slowest[1].split(';')[0]}: nothing to do while the step is "
                  "slower.)")
+    for note in (s.get("mix") or {}).get("notes", ()):  # pooled_loader.mix's accounting
+        text += " " + note
     if ranks:
         text += " " + ranks_text(ranks)
     return text
