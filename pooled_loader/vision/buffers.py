@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import threading
 
 import numpy as np
+
+from pooled_loader.safe_open import open_regular_stat
 
 
 class Scratch:
@@ -75,13 +76,9 @@ def read_file(path: str, scratch: Scratch, limit: int = MAX_FILE_BYTES) -> np.nd
     """The bytes of the regular file ``path`` in ``scratch``'s buffer "file" (reused: valid
     until the next read). A FIFO, device or folder is refused (opened non-blocking, so a FIFO
     cannot hang the worker), and so is a file over ``limit`` bytes: OSError naming it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # one per sample: no object
+    # one open per sample, no file object; links are followed, as torchvision's folders do
+    fd, st = open_regular_stat(path, max_bytes=limit, what="image file", follow=True)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file (a FIFO, device or folder)")
-        if st.st_size > limit:
-            raise OSError(f"{path}: {st.st_size} bytes, over the limit of {limit} bytes")
         buf = scratch.flat("file", st.st_size)
         got = 0
         while got < st.st_size:

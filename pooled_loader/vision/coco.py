@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Any, Callable
 
 import numpy as np
 
 from pooled_loader.errors import SampleError
+from pooled_loader.safe_open import open_regular
 
 MAX_ANNOTATION_BYTES = 4 << 30  # COCO's train2017 instances file is 448 MB
 MAX_IMAGE_BYTES = 256 << 20  # larger files are refused before they are read
@@ -33,20 +33,12 @@ KEYS = ("image_id", "boxes", "labels", "masks", "keypoints", "iscrowd", "area")
 
 def read_regular(path: str, limit: int) -> bytes:
     """The bytes of ``path``: a regular file (no symlink, no FIFO) of at most ``limit`` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
-        if st.st_size > limit:
-            raise OSError(f"{path}: {st.st_size} bytes, more than the {limit} allowed")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise OSError(f"{path}: grew past {limit} bytes while read")
-        return data
-    finally:
-        os.close(fd)
+    fd = open_regular(path, max_bytes=limit, what="COCO file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path}: grew past {limit} bytes while read")
+    return data
 
 
 def _number(ann: dict, key: str, where: str) -> float:
