@@ -9,7 +9,8 @@ same seed gives the same crops and flips). Anything it cannot honour exactly lea
 as it is (it is returned unchanged, and runs as torchvision's own code): a subclass of the
 dataset or of an op, ``transform``/``target_transform`` instead of ``transforms``, an op not in
 the table below, an argument we do not honour (interpolation other than bilinear, antialias off,
-``max_size``, a ``labels_getter`` other than the default), target keys we do not make.
+a ``labels_getter`` other than the default, a mask fill other than 0, two different fills),
+target keys we do not make.
 
 ==============================  =========================================================
 torchvision v2                  fused
@@ -22,6 +23,9 @@ torchvision v2                  fused
 ``Pad(padding)`` (fill 0)        ``Pad(padding)``
 ``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
 ``ToPureTensor()``               nothing to do: the outputs are plain arrays
+``CenterCrop``, ``RandomZoomOut``  vision/detection_ops.py, drawn as torchvision draws
+``Resize(..., max_size=m)``      (fill: the image's, masks' 0), ``RandomShortestSize``,
+``ClampBoundingBoxes()``          ``TorchResize``, ``ClampBoundingBoxes``
 ==============================  =========================================================
 
 The outputs differ in type only: the image is a uint8 CHW numpy array (a ``tv_tensors.Image``
@@ -39,6 +43,7 @@ from pooled_loader.vision.coco import KEYS, CocoDetection
 from pooled_loader.vision.decode import DecodeImage
 from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
                                             SanitizeBoundingBoxes)
+from pooled_loader.vision.detection_ops import fills_agree, from_torchvision
 from pooled_loader.vision.ops import RandomHorizontalFlip, RandomResizedCrop, Resize, ToCHW
 
 
@@ -92,6 +97,9 @@ def _op(t: Any) -> Any:
     from torchvision.transforms import v2
 
     cls = type(t)
+    more = from_torchvision(t, _bilinear)  # CenterCrop, RandomZoomOut, Resize(max_size=...), ...
+    if more is not None:
+        return more
     if cls is v2.RandomIoUCrop:
         return RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio,
                              t.options, t.trials)
@@ -139,6 +147,8 @@ def translate_transforms(transforms: Any) -> DetectionCompose | None:
         (tail if isinstance(op, SanitizeBoundingBoxes) else ops).append(op)
         if tail and not isinstance(op, SanitizeBoundingBoxes):
             return None  # a geometric op after SanitizeBoundingBoxes: not planned here
+    if not fills_agree(ops):
+        return None  # two different fills: one render has one
     return DetectionCompose(ops + [ToCHW()] + tail)
 
 
