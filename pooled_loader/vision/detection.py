@@ -300,7 +300,8 @@ class DetectionCompose:
         keep = None
         if "boxes" in found:
             key, arr, fmt = found["boxes"]
-            moved = g.boxes(arr, fmt)
+            integer = arr.dtype.kind in "iu"  # kept integer, as torchvision keeps them
+            moved = g.boxes(arr, fmt, integer)
             if self.sanitize is not None:
                 keep = sanitize(to_xyxy(moved, fmt), g.canvas, self.sanitize.min_size,
                                 self.sanitize.min_area)
@@ -311,7 +312,7 @@ class DetectionCompose:
                         raise ValueError(f"target[{lk!r}] has {len(labels)} entries for "
                                          f"{len(keep)} boxes")
                     out[lk] = _array(labels)[keep]
-            out[key] = moved
+            out[key] = moved.astype(arr.dtype) if integer else moved
         n = None if keep is None else len(keep)
         if "masks" in found:
             key, arr, _ = found["masks"]

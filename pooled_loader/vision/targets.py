@@ -127,9 +127,10 @@ class Geometry:
 
     # -- boxes
 
-    def boxes(self, boxes: np.ndarray, fmt: str = "XYXY") -> np.ndarray:
+    def boxes(self, boxes: np.ndarray, fmt: str = "XYXY", integer: bool = False) -> np.ndarray:
         """[N, 4] boxes in ``fmt`` on the source canvas -> float32 [N, 4] in ``fmt`` on the
-        final canvas."""
+        final canvas. ``integer``: integer boxes (torchvision's VOC wrapper makes int64 boxes),
+        truncated after each resize as torchvision's kernels cast back to the boxes' dtype."""
         b = to_xyxy(boxes, fmt)
         for i, (kind, args, (h, w)) in enumerate(self.steps):
             if kind == "crop":
@@ -145,6 +146,8 @@ class Geometry:
             elif kind == "resize":
                 oh, ow = args
                 b *= np.array((ow / w, oh / h, ow / w, oh / h), np.float32)
+                if integer:
+                    np.trunc(b, out=b)
             elif kind == "flip":
                 b[:, [0, 2]] = w - b[:, [2, 0]]
             else:
