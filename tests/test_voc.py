@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from pooled_loader import PooledLoader
@@ -76,6 +77,9 @@ def test_voc_targets_equal_torchvision_wrapped_voc_detection(tmp_path):
     [v2.ToImage(), v2.RandomZoomOut(side_range=(1.0, 2.0), p=0.7),
      v2.RandomShortestSize([33, 41], max_size=77), v2.CenterCrop(37),
      v2.RandomHorizontalFlip(), v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes()],
+    # RandomIoUCrop draws on the boxes a resize truncated
+    [v2.ToImage(), v2.Resize(41), v2.RandomIoUCrop(), v2.Resize((30, 44)),
+     v2.SanitizeBoundingBoxes()],
 ])
 def test_wrapped_torchvision_voc_runs_fused_with_torchvision_draws(tmp_path, ops):
     root, _ = write_voc(tmp_path)
@@ -182,3 +186,20 @@ def test_bad_files_on_disk_are_refused_naming_them(tmp_path):
         f.write("../../../etc/passwd\n")
     with pytest.raises(ValueError, match="leaves the folder"):
         VOCDetection(voc, image_set="evil")
+
+
+def test_random_iou_crop_sees_integer_boxes_truncated_by_a_resize_before_it():
+    from pooled_loader.vision.detection import RandomIoUCrop
+    seen = []
+
+    class Recording(RandomIoUCrop):
+        def draw(self, canvas, xyxy):
+            seen.append(np.array(xyxy))
+            return None
+
+    dc = DetectionCompose([Resize((7, 9)), Recording(), ToCHW()])
+    boxes = np.array([[1, 2, 7, 9]], np.int64)
+    _, t = dc(smooth(10, 13), {"boxes": boxes})
+    ref = v2.Resize((7, 9))(tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(10, 13)))
+    assert ref.tolist() == [[0, 1, 4, 6]]  # torchvision casts back to int64: truncated
+    assert seen[0].tolist() == [[0, 1, 4, 6]] and t["boxes"].tolist() == [[0, 1, 4, 6]]

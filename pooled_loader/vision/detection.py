@@ -225,8 +225,10 @@ class DetectionCompose:
 
     # -- drawing
 
-    def draw(self, canvas: tuple[int, int], boxes_xyxy: np.ndarray | None) -> Geometry:
-        """Draw every op's parameters in order; the geometry they give."""
+    def draw(self, canvas: tuple[int, int], boxes_xyxy: np.ndarray | None,
+             integer: bool = False) -> Geometry:
+        """Draw every op's parameters in order; the geometry they give (``integer``: the boxes
+        are integers, which torchvision truncates after each resize)."""
         g = Geometry(*canvas)
         for op in self.geometric:
             if isinstance(op, RandomResizedCrop):
@@ -241,7 +243,7 @@ class DetectionCompose:
             elif isinstance(op, RandomIoUCrop):
                 if boxes_xyxy is None:
                     raise ValueError("RandomIoUCrop needs boxes in the target")
-                window = op.draw(g.canvas, g.boxes(boxes_xyxy))
+                window = op.draw(g.canvas, g.boxes(boxes_xyxy, "XYXY", integer))
                 if window is not None:
                     g.crop(*window, keep_centers=True)
             elif hasattr(op, "plan"):  # vision/detection_ops.py: the op plans its own steps
@@ -260,7 +262,8 @@ class DetectionCompose:
         canvas = img.shape[:2]
         found = self._find(target, canvas)
         boxes = found.get("boxes")
-        g = self.draw(canvas, None if boxes is None else to_xyxy(boxes[1], boxes[2]))
+        g = self.draw(canvas, None if boxes is None else to_xyxy(boxes[1], boxes[2]),
+                      boxes is not None and boxes[1].dtype.kind in "iu")
         result = self._render(img, g, out)
         return result, (None if target is None else self._targets(target, found, g))
 

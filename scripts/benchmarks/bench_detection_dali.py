@@ -18,7 +18,7 @@ as one array and the boxes per image, as numpy.
 Per round, each loader runs one timed epoch (after one warm-up epoch each), the order rotating
 between rounds; printed: images/s medians, the median of the per-round ratios against
 DataLoader, and CPU-ms per image of the whole loader (this process, where DALI's threads run,
-plus the workers; psutil). The machine is shared: compare ratios, not absolutes.
+plus the workers; /proc). The machine is shared: compare ratios, not absolutes.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from bench_detection import BATCH, dataloader, epoch, pooled, write_coco  # noqa: E402
+from peers import tree_cpu_seconds  # noqa: E402
 
 
 class DaliLoader:
@@ -73,21 +74,6 @@ class DaliLoader:
             yield images.as_array(), [np.array(b) * 640 for b in boxes]  # pixels, as the peers
 
 
-def tree_cpu() -> float:
-    """CPU seconds of this process (DALI's threads included) and its live children (the
-    loaders' workers) so far."""
-    import psutil
-    me = psutil.Process()
-    total = 0.0
-    for p in [me] + me.children(recursive=True):
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--rounds", type=int, default=5)
@@ -111,10 +97,10 @@ def main() -> None:
         names = list(loaders)
         for r in range(args.rounds):
             for k in names[r % 3:] + names[:r % 3]:
-                c0, t0 = tree_cpu(), time.perf_counter()
+                c0, t0 = tree_cpu_seconds(), time.perf_counter()
                 n = epoch(loaders[k])
                 rates[k].append(n / (time.perf_counter() - t0))
-                cpu[k].append((tree_cpu() - c0) * 1000 / n)
+                cpu[k].append((tree_cpu_seconds() - c0) * 1000 / n)
         med = {k: statistics.median(v) for k, v in rates.items()}
         print("images + boxes: " + ", ".join(f"{k} {v:.0f} img/s" for k, v in med.items()))
         print("  CPU-ms per image (process and workers, median of rounds): " + ", ".join(
