@@ -184,7 +184,8 @@ class DetectionCompose:
     array or a CHW uint8 tensor), then ``RandomIoUCrop``, ``RandomResizedCrop``, ``Resize``,
     ``RandomHorizontalFlip``, ``Pad`` and the ops of vision/detection_ops.py (``CenterCrop``,
     ``RandomZoomOut``, ...: any op with ``plan(geometry, boxes_xyxy)``) in any order, then
-    ``SanitizeBoundingBoxes``, ``ToCHW``, ``Normalize``. ``box_format`` names the format of boxes given as plain arrays.
+    ``SanitizeBoundingBoxes``, ``ToCHW``, ``Normalize``. ``box_format`` names the format of
+    boxes given as plain arrays (integer boxes stay integers, truncated after each resize).
     """
 
     def __init__(self, ops: Sequence[Any], box_format: str = "XYXY") -> None:

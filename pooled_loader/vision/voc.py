@@ -108,7 +108,7 @@ class VOCDetection:
                          if f.endswith(".xml"))
         else:
             split = os.path.join(root, "ImageSets", "Main", f"{image_set}.txt")
-            ids = [x.strip() for x in read_regular(split, MAX_XML_BYTES * 64)
+            ids = [x.strip() for x in read_regular(split, MAX_XML_BYTES * 64, "VOC image set")
                    .decode("utf-8", "replace").splitlines() if x.strip()]
         for i in ids:
             if "/" in i or "\\" in i or i in (".", ".."):
@@ -140,14 +140,15 @@ class VOCDetection:
     def target(self, index: int) -> dict:
         """The target dict of image ``index`` (before the transform)."""
         path = self.annotations[index]
-        boxes, labels = parse_annotation(read_regular(path, MAX_XML_BYTES), path)
+        boxes, labels = parse_annotation(read_regular(path, MAX_XML_BYTES, "VOC annotation"),
+                                         path)
         return {k: (boxes if k == "boxes" else labels) for k in self.target_keys}
 
     def __getitem__(self, index: int) -> tuple[Any, dict]:
         path = self.images[index]
         try:
             target = self.target(index)
-            data = np.frombuffer(read_regular(path, MAX_IMAGE_BYTES), np.uint8)
+            data = np.frombuffer(read_regular(path, MAX_IMAGE_BYTES, "VOC image"), np.uint8)
             if self.transform is None:
                 return data, target
             return self.transform(data, target)
