@@ -348,7 +348,7 @@ def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path, op
     [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64), antialias=False)],  # an argument
     [v2.ToImage(), v2.RandomPhotometricDistort()],  # an op we do not fuse
     [v2.RandomHorizontalFlip(), v2.ToImage()],  # PIL ops before the decode
-    [v2.ToImage(), v2.Resize(32, max_size=40)],
+    [v2.ToImage(), v2.Resize(32, max_size=40, interpolation=v2.InterpolationMode.NEAREST)],
     [v2.ToImage(), v2.Pad(2, fill=5)],  # a fill we would not give the masks
 ])
 def test_what_cannot_be_honoured_exactly_stays_torchvision(tmp_path, ops):

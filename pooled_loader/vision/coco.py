@@ -31,9 +31,9 @@ MAX_IMAGE_BYTES = 256 << 20  # larger files are refused before they are read
 KEYS = ("image_id", "boxes", "labels", "masks", "keypoints", "iscrowd", "area")
 
 
-def read_regular(path: str, limit: int) -> bytes:
+def read_regular(path: str, limit: int, what: str = "COCO file") -> bytes:
     """The bytes of ``path``: a regular file (no symlink, no FIFO) of at most ``limit`` bytes."""
-    fd = open_regular(path, max_bytes=limit, what="COCO file")
+    fd = open_regular(path, max_bytes=limit, what=what)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:

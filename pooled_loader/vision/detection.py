@@ -182,8 +182,10 @@ class DetectionCompose:
 
     Ops: an optional leading ``DecodeImage`` (then ``image`` is encoded bytes, else an HWC uint8
     array or a CHW uint8 tensor), then ``RandomIoUCrop``, ``RandomResizedCrop``, ``Resize``,
-    ``RandomHorizontalFlip``, ``Pad`` in any order, then ``SanitizeBoundingBoxes``, ``ToCHW``,
-    ``Normalize``. ``box_format`` names the format of boxes given as plain arrays.
+    ``RandomHorizontalFlip``, ``Pad`` and the ops of vision/detection_ops.py (``CenterCrop``,
+    ``RandomZoomOut``, ...: any op with ``plan(geometry, boxes_xyxy)``) in any order, then
+    ``SanitizeBoundingBoxes``, ``ToCHW``, ``Normalize``. ``box_format`` names the format of
+    boxes given as plain arrays (integer boxes stay integers, truncated after each resize).
     """
 
     def __init__(self, ops: Sequence[Any], box_format: str = "XYXY") -> None:
@@ -195,7 +197,8 @@ class DetectionCompose:
         self.sanitize: SanitizeBoundingBoxes | None = None
         self.tail: list = []
         for op in rest:
-            if isinstance(op, _GEOMETRIC) and not self.tail and self.sanitize is None:
+            if (isinstance(op, _GEOMETRIC) or hasattr(op, "plan")) and not self.tail \
+                    and self.sanitize is None:
                 self.geometric.append(op)
             elif isinstance(op, SanitizeBoundingBoxes) and self.sanitize is None:
                 self.sanitize = op
@@ -223,8 +226,10 @@ class DetectionCompose:
 
     # -- drawing
 
-    def draw(self, canvas: tuple[int, int], boxes_xyxy: np.ndarray | None) -> Geometry:
-        """Draw every op's parameters in order; the geometry they give."""
+    def draw(self, canvas: tuple[int, int], boxes_xyxy: np.ndarray | None,
+             integer: bool = False) -> Geometry:
+        """Draw every op's parameters in order; the geometry they give (``integer``: the boxes
+        are integers, which torchvision truncates after each resize)."""
         g = Geometry(*canvas)
         for op in self.geometric:
             if isinstance(op, RandomResizedCrop):
@@ -239,9 +244,11 @@ class DetectionCompose:
             elif isinstance(op, RandomIoUCrop):
                 if boxes_xyxy is None:
                     raise ValueError("RandomIoUCrop needs boxes in the target")
-                window = op.draw(g.canvas, g.boxes(boxes_xyxy))
+                window = op.draw(g.canvas, g.boxes(boxes_xyxy, "XYXY", integer))
                 if window is not None:
                     g.crop(*window, keep_centers=True)
+            elif hasattr(op, "plan"):  # vision/detection_ops.py: the op plans its own steps
+                op.plan(g, boxes_xyxy)
             else:
                 g.pad(*op.padding)
         return g
@@ -256,7 +263,8 @@ class DetectionCompose:
         canvas = img.shape[:2]
         found = self._find(target, canvas)
         boxes = found.get("boxes")
-        g = self.draw(canvas, None if boxes is None else to_xyxy(boxes[1], boxes[2]))
+        g = self.draw(canvas, None if boxes is None else to_xyxy(boxes[1], boxes[2]),
+                      boxes is not None and boxes[1].dtype.kind in "iu")
         result = self._render(img, g, out)
         return result, (None if target is None else self._targets(target, found, g))
 
@@ -296,7 +304,8 @@ class DetectionCompose:
         keep = None
         if "boxes" in found:
             key, arr, fmt = found["boxes"]
-            moved = g.boxes(arr, fmt)
+            integer = arr.dtype.kind in "iu"  # kept integer, as torchvision keeps them
+            moved = g.boxes(arr, fmt, integer)
             if self.sanitize is not None:
                 keep = sanitize(to_xyxy(moved, fmt), g.canvas, self.sanitize.min_size,
                                 self.sanitize.min_area)
@@ -307,7 +316,7 @@ class DetectionCompose:
                         raise ValueError(f"target[{lk!r}] has {len(labels)} entries for "
                                          f"{len(keep)} boxes")
                     out[lk] = _array(labels)[keep]
-            out[key] = moved
+            out[key] = moved.astype(arr.dtype) if integer else moved
         n = None if keep is None else len(keep)
         if "masks" in found:
             key, arr, _ = found["masks"]
@@ -340,7 +349,8 @@ class DetectionCompose:
         win = (0, 0, *img.shape[:2])
         shown = (0, 0, *img.shape[:2])
         flip = False
-        fill = next((op.fill for op in self.geometric if isinstance(op, Pad)), 0)
+        fill = next((op.fill for op in self.geometric if getattr(op, "fill", None) is not None),
+                    0)
         steps = g.steps
         chw = bool(self.tail) and isinstance(self.tail[0], ToCHW)
         norm = self.tail[1] if chw and len(self.tail) > 1 else None
@@ -365,8 +375,10 @@ class DetectionCompose:
                     win = shown = (0, 0, *cur.shape[:2])
                 box = (win[1], win[0], win[3], win[2])
                 oh, ow = args
-                if all(st.kind == "flip" for st in steps[i + 1:]) and chw and cur.shape[2] == 3:
-                    flip ^= (len(steps) - 1 - i) % 2 == 1  # flips after it fold into it
+                after = [st for st in steps[i + 1:]  # a crop of the whole canvas is no step
+                         if not (st.kind == "crop" and st.args == (0, 0, *st.canvas))]
+                if all(st.kind == "flip" for st in after) and chw and cur.shape[2] == 3:
+                    flip ^= len(after) % 2 == 1  # flips after it fold into it
                     spec = Spec((3, oh, ow), np.dtype(np.float32 if norm else np.uint8), "CHW")
                     dst = out if fits(out, spec) else np.empty(spec.shape, spec.dtype)
                     if cur.strides[1:] != (3, 1):
@@ -399,7 +411,7 @@ class DetectionCompose:
         y0, y1 = max(t + shown[0], 0), min(t + shown[2], cur.shape[0])  # rows of cur
         x0, x1 = max(l + shown[1], 0), min(l + shown[3], cur.shape[1])
         if y0 > t or x0 > l or y1 < t + h or x1 < l + w:
-            dst.fill(fill)
+            dst[...] = fill  # an int or one value per channel
         if y1 > y0 and x1 > x0:
             src = cur[y0:y1, x0:x1]
             if flip:  # mirrored: column l + j of the window lands at w - 1 - j

@@ -1,7 +1,8 @@
 """Recognise an unchanged torchvision detection dataset and run it on the fused detection path.
 
 ``accelerate_detection(ds)`` takes ``wrap_dataset_for_transforms_v2(CocoDetection(root,
-annFile, transforms=v2.Compose([...])))`` and returns a
+annFile, transforms=v2.Compose([...])))`` (or a wrapped ``VOCDetection``: then a
+:class:`~pooled_loader.vision.voc.VOCDetection`) and returns a
 :class:`~pooled_loader.vision.coco.CocoDetection` over the same images, in the same order, with
 the same target keys, running a :class:`~pooled_loader.vision.detection.DetectionCompose` of the
 same ops whose random parameters are drawn from ``torch`` exactly as torchvision draws them (the
@@ -9,7 +10,8 @@ same seed gives the same crops and flips). Anything it cannot honour exactly lea
 as it is (it is returned unchanged, and runs as torchvision's own code): a subclass of the
 dataset or of an op, ``transform``/``target_transform`` instead of ``transforms``, an op not in
 the table below, an argument we do not honour (interpolation other than bilinear, antialias off,
-``max_size``, a ``labels_getter`` other than the default), target keys we do not make.
+a ``labels_getter`` other than the default, a mask fill other than 0, two different fills),
+target keys we do not make.
 
 ==============================  =========================================================
 torchvision v2                  fused
@@ -22,11 +24,14 @@ torchvision v2                  fused
 ``Pad(padding)`` (fill 0)        ``Pad(padding)``
 ``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
 ``ToPureTensor()``               nothing to do: the outputs are plain arrays
+``CenterCrop``, ``RandomZoomOut``  vision/detection_ops.py, drawn as torchvision draws
+``Resize(..., max_size=m)``      (fill: the image's, masks' 0), ``RandomShortestSize``,
+``ClampBoundingBoxes()``          ``TorchResize``, ``ClampBoundingBoxes``
 ==============================  =========================================================
 
 The outputs differ in type only: the image is a uint8 CHW numpy array (a ``tv_tensors.Image``
 in torchvision) and the target's entries numpy arrays; batched by PooledLoader they are tensors.
-Imports: vision.coco, detection, decode, ops; torchvision where it is called.
+Imports: vision.coco, voc, detection, detection_ops, decode, ops; torchvision where called.
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ from pooled_loader.vision.coco import KEYS, CocoDetection
 from pooled_loader.vision.decode import DecodeImage
 from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
                                             SanitizeBoundingBoxes)
+from pooled_loader.vision.detection_ops import fills_agree, from_torchvision
 from pooled_loader.vision.ops import RandomHorizontalFlip, RandomResizedCrop, Resize, ToCHW
+from pooled_loader.vision.voc import VOCDetection
 
 
 class TorchFlip(RandomHorizontalFlip):
@@ -92,6 +99,9 @@ def _op(t: Any) -> Any:
     from torchvision.transforms import v2
 
     cls = type(t)
+    more = from_torchvision(t, _bilinear)  # CenterCrop, RandomZoomOut, Resize(max_size=...), ...
+    if more is not None:
+        return more
     if cls is v2.RandomIoUCrop:
         return RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio,
                              t.options, t.trials)
@@ -139,11 +149,14 @@ def translate_transforms(transforms: Any) -> DetectionCompose | None:
         (tail if isinstance(op, SanitizeBoundingBoxes) else ops).append(op)
         if tail and not isinstance(op, SanitizeBoundingBoxes):
             return None  # a geometric op after SanitizeBoundingBoxes: not planned here
+    if not fills_agree(ops):
+        return None  # two different fills: one render has one
     return DetectionCompose(ops + [ToCHW()] + tail)
 
 
 def accelerate_detection(dataset: Any) -> Any:
-    """A fused equivalent of a wrapped torchvision ``CocoDetection``, or ``dataset`` itself."""
+    """A fused equivalent of a wrapped torchvision ``CocoDetection`` or ``VOCDetection``, or
+    ``dataset`` itself."""
     try:
         from torchvision import datasets
         from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
@@ -152,12 +165,16 @@ def accelerate_detection(dataset: Any) -> Any:
     inner = getattr(dataset, "_dataset", None)
     # wrap_dataset_for_transforms_v2 makes a class of its own: (wrapper, type(inner)), nothing else
     cls = type(dataset)
-    if cls.__bases__ != (VisionDatasetTVTensorWrapper, datasets.CocoDetection) \
+    base = datasets.VOCDetection if type(inner) is datasets.VOCDetection \
+        else datasets.CocoDetection
+    if cls.__bases__ != (VisionDatasetTVTensorWrapper, base) \
             or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"}:
         return dataset
-    if type(inner) is not datasets.CocoDetection or dataset.transform is not None \
+    if type(inner) is not base or dataset.transform is not None \
             or dataset.target_transform is not None:
         return dataset
+    if base is datasets.VOCDetection:
+        return _voc(dataset, inner)
     keys = dataset._target_keys
     keys = ("image_id", "boxes", "labels") if keys is None else keys
     if isinstance(keys, str) or not set(keys) <= set(KEYS):
@@ -167,6 +184,17 @@ def accelerate_detection(dataset: Any) -> Any:
         return dataset
     order = [k for k in KEYS if k in set(keys)]
     return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order))
+
+
+def _voc(dataset: Any, inner: Any) -> Any:
+    """The fused VOCDetection of a wrapped torchvision VOCDetection, or ``dataset``."""
+    keys = dataset._target_keys
+    keys = ("boxes", "labels") if keys is None else keys
+    compose = translate_transforms(dataset.transforms)
+    if isinstance(keys, str) or not set(keys) <= {"boxes", "labels"} or compose is None:
+        return dataset  # ("annotation": the XML as a dict, which we do not make)
+    order = [k for k in ("boxes", "labels") if k in set(keys)]
+    return VOCDetection.from_files(inner.images, inner.targets, compose, order)
 
 
 __all__ = ["accelerate_detection", "translate_transforms", "TorchFlip",

@@ -89,15 +89,21 @@ class Geometry:
         self.steps: list[Step] = []
         # the box of each crop in which a box's centre must lie to be kept (RandomIoUCrop)
         self.center_windows: dict[int, tuple[int, int, int, int]] = {}
+        # crops whose boxes and keypoints move by another corner than the image (CenterCrop)
+        self.target_origins: dict[int, tuple[int, int]] = {}
 
     def crop(self, top: int, left: int, height: int, width: int,
-             keep_centers: bool = False) -> None:
+             keep_centers: bool = False, target_origin: tuple[int, int] | None = None) -> None:
         """A window of the current canvas (padding where it reaches past it); with
-        ``keep_centers`` (RandomIoUCrop) boxes whose centre lies outside it become all-zero."""
+        ``keep_centers`` (RandomIoUCrop) boxes whose centre lies outside it become all-zero;
+        ``target_origin`` (top, left): the corner boxes and keypoints move by, when not the
+        image's (torchvision's CenterCrop past the image)."""
         if height < 1 or width < 1:
             raise ValueError(f"a crop needs pixels, got {width}x{height}")
         if keep_centers:
             self.center_windows[len(self.steps)] = (top, left, height, width)
+        if target_origin is not None and tuple(target_origin) != (top, left):
+            self.target_origins[len(self.steps)] = (int(target_origin[0]), int(target_origin[1]))
         self._add("crop", (top, left, height, width), (height, width))
 
     def resize(self, height: int, width: int) -> None:
@@ -121,13 +127,15 @@ class Geometry:
 
     # -- boxes
 
-    def boxes(self, boxes: np.ndarray, fmt: str = "XYXY") -> np.ndarray:
+    def boxes(self, boxes: np.ndarray, fmt: str = "XYXY", integer: bool = False) -> np.ndarray:
         """[N, 4] boxes in ``fmt`` on the source canvas -> float32 [N, 4] in ``fmt`` on the
-        final canvas."""
+        final canvas. ``integer``: integer boxes (torchvision's VOC wrapper makes int64 boxes),
+        truncated after each resize as torchvision's kernels cast back to the boxes' dtype."""
         b = to_xyxy(boxes, fmt)
         for i, (kind, args, (h, w)) in enumerate(self.steps):
             if kind == "crop":
                 top, left, ch, cw = args
+                top, left = self.target_origins.get(i, (top, left))
                 if i in self.center_windows:
                     cx, cy = (b[:, 0] + b[:, 2]) * 0.5, (b[:, 1] + b[:, 3]) * 0.5
                     inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
@@ -138,6 +146,8 @@ class Geometry:
             elif kind == "resize":
                 oh, ow = args
                 b *= np.array((ow / w, oh / h, ow / w, oh / h), np.float32)
+                if integer:
+                    np.trunc(b, out=b)
             elif kind == "flip":
                 b[:, [0, 2]] = w - b[:, [2, 0]]
             else:
@@ -157,9 +167,10 @@ class Geometry:
             raise ValueError(f"keypoints must have shape [..., 2], got {p.shape}")
         vis = (np.ones(p.shape[:-1], np.uint8) if visibility is None
                else np.array(visibility, np.uint8).reshape(p.shape[:-1]))
-        for kind, args, (h, w) in self.steps:
+        for i, (kind, args, (h, w)) in enumerate(self.steps):
             if kind == "crop":
                 top, left, ch, cw = args
+                top, left = self.target_origins.get(i, (top, left))
                 p -= (left, top)
                 out = ((p[..., 0] < 0) | (p[..., 0] >= cw) | (p[..., 1] < 0) | (p[..., 1] >= ch))
                 vis[out] = 0
