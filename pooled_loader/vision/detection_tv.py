@@ -21,7 +21,7 @@ torchvision v2                  fused
 ``RandomHorizontalFlip(p)``      the same, drawn with ``torch.rand(1) < p``
 ``Pad(padding)`` (fill 0)        ``Pad(padding)``
 ``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
-``ToPureTensor()``               nothing to do: the outputs are plain arrays
+``ToPureTensor()`` (last ops)    plain tensors rather than tv_tensors
 ==============================  =========================================================
 
 The outputs differ in type only: the image is a uint8 CHW numpy array (a ``tv_tensors.Image``
@@ -121,53 +121,78 @@ def _op(t: Any) -> Any:
 
 def translate_transforms(transforms: Any) -> DetectionCompose | None:
     """Our DetectionCompose for a torchvision ``v2.Compose``, or None when it does not map."""
+    return _translate(transforms)[0]
+
+
+def _translate(transforms: Any) -> tuple[DetectionCompose | None, str]:
+    """(our DetectionCompose, "") for a torchvision ``v2.Compose``, or (None, why not)."""
     from torchvision.transforms import v2
 
     if type(transforms) is not v2.Compose or not transforms.transforms:  # None included
-        return None
+        return None, "its transforms are not a torchvision v2.Compose"
     first, *rest = transforms.transforms
     if type(first) not in (v2.ToImage, v2.PILToTensor):
-        return None
+        return None, f"its first op {type(first).__name__} is not ToImage/PILToTensor"
     ops: list = [DecodeImage()]
     tail: list = []
-    for t in rest:
+    for k, t in enumerate(rest):
         if type(t) is v2.ToPureTensor:
+            if any(type(u) is not v2.ToPureTensor for u in rest[k:]):
+                return None, "an op after ToPureTensor"  # it would see plain tensors
             continue
         op = _op(t)
         if op is None:
-            return None
+            return None, f"{type(t).__name__}: no fused equivalent for these arguments"
         (tail if isinstance(op, SanitizeBoundingBoxes) else ops).append(op)
         if tail and not isinstance(op, SanitizeBoundingBoxes):
-            return None  # a geometric op after SanitizeBoundingBoxes: not planned here
-    return DetectionCompose(ops + [ToCHW()] + tail)
+            return None, "a geometric op after SanitizeBoundingBoxes"
+    return DetectionCompose(ops + [ToCHW()] + tail), ""
 
 
-def accelerate_detection(dataset: Any) -> Any:
-    """A fused equivalent of a wrapped torchvision ``CocoDetection``, or ``dataset`` itself."""
+def read_dataset(dataset: Any) -> tuple[CocoDetection | None, str]:
+    """(our CocoDetection making ``dataset``'s samples, "") for an unchanged
+    ``wrap_dataset_for_transforms_v2(torchvision.datasets.CocoDetection(...))``; (None, why)
+    for another such wrapper we cannot honour exactly; (None, "") for anything else. The
+    target keys are the ones we make arrays of: iscrowd and area are left to the caller
+    (torchvision gives them as lists of the raw values)."""
     try:
         from torchvision import datasets
         from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
     except ImportError:
-        return dataset
+        return None, ""
+    if not isinstance(dataset, VisionDatasetTVTensorWrapper):
+        return None, ""
     inner = getattr(dataset, "_dataset", None)
     # wrap_dataset_for_transforms_v2 makes a class of its own: (wrapper, type(inner)), nothing else
     cls = type(dataset)
     if cls.__bases__ != (VisionDatasetTVTensorWrapper, datasets.CocoDetection) \
-            or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"}:
-        return dataset
-    if type(inner) is not datasets.CocoDetection or dataset.transform is not None \
-            or dataset.target_transform is not None:
-        return dataset
+            or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"} \
+            or type(inner) is not datasets.CocoDetection:
+        return None, f"{type(inner).__name__} is not an unchanged torchvision CocoDetection"
+    if dataset.transform is not None or dataset.target_transform is not None:
+        return None, "it has transform/target_transform (only transforms= is read)"
     keys = dataset._target_keys
     keys = ("image_id", "boxes", "labels") if keys is None else keys
-    if isinstance(keys, str) or not set(keys) <= set(KEYS):
-        return dataset
-    compose = translate_transforms(dataset.transforms)
+    if isinstance(keys, str) or not set(keys) <= set(KEYS) - {"keypoints"}:
+        return None, f"target_keys {keys!r} (fused: {', '.join(KEYS[:4])}, iscrowd, area)"
+    compose, why = _translate(dataset.transforms)
     if compose is None:  # (no transforms at all: PIL images, nothing to fuse)
+        return None, why
+    order = [k for k in KEYS[:4] if k in set(keys)]
+    return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order)), ""
+
+
+def accelerate_detection(dataset: Any) -> Any:
+    """A fused equivalent of a wrapped torchvision ``CocoDetection`` (numpy outputs), or
+    ``dataset`` itself. ``PooledLoader`` does this by itself, with torchvision's output types
+    (``vision.detection_fused``)."""
+    fused = read_dataset(dataset)[0]
+    if fused is None:
         return dataset
-    order = [k for k in KEYS if k in set(keys)]
-    return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order))
+    keys = dataset._target_keys or ()
+    fused.target_keys += tuple(k for k in ("iscrowd", "area") if k in keys)
+    return fused
 
 
-__all__ = ["accelerate_detection", "translate_transforms", "TorchFlip",
+__all__ = ["accelerate_detection", "read_dataset", "translate_transforms", "TorchFlip",
            "TorchRandomResizedCrop"]

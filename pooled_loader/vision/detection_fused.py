@@ -1,0 +1,142 @@
+"""Run a user's unchanged torchvision detection dataset on the fused detection path (issue 38).
+
+:func:`translate` recognises ``wrap_dataset_for_transforms_v2(CocoDetection(root, annFile,
+transforms=v2.Compose([...])))`` (read by ``detection_tv.read_dataset``) and returns a
+:class:`FusedDetection` that the loader's workers use in its place, as
+``torchvision_fused.translate`` does for folder datasets; anything else runs as it is.
+
+A sample of a :class:`FusedDetection` is what torchvision gives for the same draws from torch's
+RNG: ``(tv_tensors.Image, {"image_id": int, "boxes": tv_tensors.BoundingBoxes (XYXY, with
+canvas_size), "masks": tv_tensors.Mask, "labels": int64 tensor, ...})`` with the keys asked for
+(``iscrowd`` and ``area`` as torchvision gives them: lists of the annotations' raw values), plain
+tensors when the Compose ends with ``ToPureTensor``. The tensors wrap the arrays the fused path
+wrote (no copy). An image without annotations, or a file our decoder refuses, is made by the
+dataset's own ``__getitem__`` (torchvision's wrapper gives such an image only its image_id, and
+its ops decide what happens to it) with torch's RNG state as it was before, so the draws stay
+the same. Imports: vision.detection_tv, errors; torchvision where it is called.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from pooled_loader.errors import SampleError
+
+log = logging.getLogger("pooled_loader")
+
+
+def translate(dataset: Any, logged: str | None = None) -> tuple[FusedDetection | None,
+                                                                  str | None]:
+    """(a :class:`FusedDetection` for ``dataset``, or None; the line that says so, or None when
+    ``dataset`` is no torchvision detection wrapper). The line is logged (INFO,
+    "pooled_loader") unless it equals ``logged``."""
+    from pooled_loader.vision.detection_tv import read_dataset
+    fused, why = read_dataset(dataset)
+    if fused is None and not why:
+        return None, None
+    if fused is None:
+        line = f"PooledLoader: the torchvision detection transforms run as they are ({why})"
+        result = None
+    else:
+        result = FusedDetection(dataset, fused)
+        line = "PooledLoader: accelerated torchvision detection transforms: fused [{}]".format(
+            ", ".join(result.describe()["fused"]))
+    if line != logged:
+        log.info("%s", line)
+    return result, line
+
+
+class FusedDetection:
+    """The user's wrapped torchvision dataset, its samples made on the fused detection path (see
+    the module docstring). ``dataset`` is the user's object; other attributes are read from it;
+    ``fused`` the :class:`~pooled_loader.vision.coco.CocoDetection` making the samples."""
+
+    def __init__(self, dataset: Any, fused: Any) -> None:
+        from torchvision.transforms import v2
+        self.dataset = dataset
+        self.fused = fused
+        ops = list(dataset.transforms.transforms)
+        self.pure = type(ops[-1]) is v2.ToPureTensor
+        self.names = [" ".join(repr(op).split()) for op in ops]
+        keys = dataset._target_keys or ()
+        self.raw_keys = tuple(k for k in ("iscrowd", "area") if k in keys)  # lists, as is
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self.fallbacks = 0  # samples made by the dataset's own __getitem__
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "fallbacks")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "fused"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __len__(self) -> int:
+        return len(self.fused)
+
+    def describe(self) -> dict:
+        """What ``loader.stats()["transforms"]`` shows."""
+        return {"fused": list(self.names), "as_is": [], "why_not_fused": "",
+                "output": "torch.Tensor" if self.pure else "tv_tensors.Image"}
+
+    def __getitem__(self, index: int) -> tuple[Any, dict]:
+        if os.getpid() != self._pid:
+            self._reset()
+        image_id = self.fused.images[index][0]
+        anns = self.fused.anns[image_id]
+        if not anns:
+            return self._as_is(index)
+        saved = torch.get_rng_state()
+        try:
+            image, target = self.fused[index]
+        except SampleError as e:
+            if not isinstance(e.__cause__, SampleError):  # not the decoder: a real failure
+                raise
+            torch.set_rng_state(saved)
+            return self._as_is(index)
+        return self._as_torchvision(image, target, anns)
+
+    def _as_is(self, index: int) -> tuple[Any, dict]:
+        self.fallbacks += 1
+        return self.dataset[index]
+
+    def _as_torchvision(self, image: np.ndarray, target: dict, anns: list) -> tuple[Any, dict]:
+        from torchvision import tv_tensors
+        pure = self.pure
+        img = torch.from_numpy(image)
+        out: dict[str, Any] = {}
+        for key in ("image_id", "boxes", "masks", "labels"):  # torchvision's order
+            if key not in target:
+                continue
+            value = target[key]
+            if key == "image_id":
+                out[key] = value
+            elif key == "boxes":
+                boxes = torch.from_numpy(value)
+                out[key] = boxes if pure else tv_tensors.BoundingBoxes(
+                    boxes, format="XYXY", canvas_size=tuple(image.shape[1:]))
+            elif key == "masks":
+                masks = torch.from_numpy(value)
+                out[key] = masks if pure else masks.as_subclass(tv_tensors.Mask)
+            else:
+                out[key] = torch.from_numpy(value)
+        for key in self.raw_keys:
+            out[key] = [ann[key] for ann in anns]
+        return (img if pure else img.as_subclass(tv_tensors.Image)), out
+
+    def __repr__(self) -> str:
+        return f"FusedDetection({self.dataset!r}, fused={self.names})"
+
+
+__all__ = ["FusedDetection", "translate"]
