@@ -4,6 +4,7 @@ sample for sample through 2 real workers); what cannot be honoured runs as torch
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -127,3 +128,36 @@ def test_what_is_not_routed_runs_as_torchvision_bit_for_bit(tmp_path, case, capl
             assert type(xb) is type(xa) and torch.equal(xa, xb)
         for ta, tb in zip(targets_a, targets_b):
             same_target(ta, tb)
+
+
+# ---------------------------------------------------------------- masks resampled in one layout
+
+@pytest.mark.parametrize("layout", ["row-major", "column-major"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.int32])
+def test_masks_resampled_in_their_own_layout_equal_the_gather(layout, dtype):
+    """pycocotools' column-major masks (and row-major ones) through gather_masks: row copies and
+    blocked transposes give exactly numpy's gather, with padding, flips and dropped instances."""
+    pytest.importorskip("cv2")
+    from pooled_loader.vision.targets import Geometry, gather, gather_masks
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        n, h, w = int(rng.integers(1, 5)), int(rng.integers(3, 90)), int(rng.integers(3, 90))
+        m = rng.integers(0, 3, (n, h, w)).astype(dtype)
+        if layout == "column-major":
+            m = np.asfortranarray(m.transpose(1, 2, 0)).transpose(2, 0, 1)  # pycocotools' layout
+            assert not m[0].flags.c_contiguous
+        g = Geometry(h, w)
+        g.crop(int(rng.integers(-5, h // 2)), int(rng.integers(-5, w // 2)),
+               int(rng.integers(1, h + 6)), int(rng.integers(1, w + 6)))
+        g.resize(int(rng.integers(1, 120)), int(rng.integers(1, 120)))
+        if trial % 2:
+            g.flip()
+        g.pad(*(int(v) for v in rng.integers(0, 4, 4)))
+        rows, cols = g.index_maps()
+        picked = sorted(rng.choice(n, int(rng.integers(1, n + 1)), replace=False).tolist())
+        want = np.empty((len(picked), len(rows), len(cols)), m.dtype)
+        gather(np.ascontiguousarray(m[picked]), rows, cols, want)
+        got = np.full_like(want, 7 if dtype is not np.bool_ else True)
+        assert gather_masks(m, picked, rows, cols, got)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(g.masks(m, select=np.array(picked)), want)

@@ -148,31 +148,36 @@ class CocoDetection:
 
     @staticmethod
     def _masks(anns: list[dict], h: int, w: int) -> np.ndarray:
-        masks = np.zeros((len(anns), h, w), np.uint8)
+        """uint8 [N, H, W]: a view of pycocotools' column-major decode of all N at once (the
+        resampling reads it in that layout, without a transposing copy)."""
         if not anns:
-            return masks
+            return np.zeros((0, h, w), np.uint8)
         try:
             from pycocotools import mask as coco_mask
         except ImportError as e:
             raise ImportError("masks from COCO polygons/RLE need pycocotools "
                               "(pip install pycocotools)") from e
-        for n, ann in enumerate(anns):
+        rles = []
+        for ann in anns:
             seg = ann.get("segmentation")
             if isinstance(seg, dict):
                 if not isinstance(seg.get("counts"), (str, bytes)):
                     seg = coco_mask.frPyObjects(seg, h, w)  # uncompressed RLE
             elif isinstance(seg, list):
-                seg = coco_mask.merge(coco_mask.frPyObjects(seg, h, w)) if seg else None
+                seg = coco_mask.merge(coco_mask.frPyObjects(seg, h, w)) if seg else \
+                    {"size": [h, w], "counts": coco_mask.encode(np.zeros((h, w, 1), np.uint8,
+                                                                         order="F"))[0]["counts"]}
             else:
                 raise ValueError(f"annotation {ann.get('id')!r}: 'segmentation' must be polygons "
                                  f"or RLE, got {type(seg).__name__}")
-            if seg is not None:
-                decoded = coco_mask.decode(seg)
-                if decoded.shape != (h, w):
-                    raise ValueError(f"annotation {ann.get('id')!r}: mask {decoded.shape} for a "
-                                     f"{h}x{w} image")
-                masks[n] = decoded
-        return masks
+            if list(seg.get("size", ())) != [h, w]:
+                raise ValueError(f"annotation {ann.get('id')!r}: mask {seg.get('size')} for a "
+                                 f"{h}x{w} image")
+            rles.append(seg)
+        decoded = coco_mask.decode(rles)  # [H, W, N], column-major
+        if decoded.shape != (h, w, len(anns)):
+            raise ValueError(f"annotations of a {h}x{w} image decode to {decoded.shape}")
+        return decoded.transpose(2, 0, 1)
 
     @staticmethod
     def _keypoints(anns: list[dict]) -> np.ndarray:

@@ -312,9 +312,9 @@ class DetectionCompose:
         if "masks" in found:
             key, arr, _ = found["masks"]
             instance = arr.ndim == 3
-            if keep is not None and instance and arr.shape[0] == n:
-                arr = arr[keep]  # dropped masks are never resampled
-            out[key] = g.masks(arr)
+            select = np.flatnonzero(keep) if keep is not None and instance and \
+                arr.shape[0] == n else None  # dropped masks are never read
+            out[key] = g.masks(arr, select=select)
         if "keypoints" in found:
             key, arr, _ = found["keypoints"]
             if keep is not None and arr.ndim >= 3 and arr.shape[0] == n:
