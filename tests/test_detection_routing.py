@@ -161,3 +161,25 @@ def test_masks_resampled_in_their_own_layout_equal_the_gather(layout, dtype):
         assert gather_masks(m, picked, rows, cols, got)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(g.masks(m, select=np.array(picked)), want)
+
+
+def test_masks_of_instances_sanitize_drops_are_never_decoded(tmp_path, monkeypatch):
+    """pycocotools decodes the kept instances only (the degenerate box of each image goes)."""
+    from pycocotools import mask as coco_mask
+
+    from pooled_loader.vision import DecodeImage, Resize, ToCHW
+    from pooled_loader.vision.coco import CocoDetection
+    from pooled_loader.vision.detection import DetectionCompose, SanitizeBoundingBoxes
+    img_dir, ann = write_coco(tmp_path)
+    decoded = []
+    real = coco_mask.decode
+    monkeypatch.setattr(coco_mask, "decode", lambda rles: decoded.append(len(rles)) or real(rles))
+    ds = CocoDetection(img_dir, ann, DetectionCompose([DecodeImage(), Resize(40), ToCHW(),
+                                                       SanitizeBoundingBoxes()]),
+                       target_keys=("boxes", "labels", "masks"))
+    eager = CocoDetection(img_dir, ann, target_keys=("boxes", "labels", "masks"))
+    for i in range(len(ds)):
+        decoded.clear()
+        _, t = ds[i]
+        assert sum(decoded) == len(t["masks"]) == len(t["labels"])
+        assert 9 not in t["labels"].tolist() and len(eager.target(i)["masks"]) in (0, 4)

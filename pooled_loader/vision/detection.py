@@ -285,7 +285,7 @@ class DetectionCompose:
             if size is not None and tuple(size) != tuple(canvas):
                 raise ValueError(f"target[{key!r}] has canvas_size {tuple(size)}, the image is "
                                  f"{tuple(canvas)}")
-            arr = _array(value)
+            arr = value if hasattr(value, "decode_instances") else _array(value)  # RleMasks
             if kind == "boxes" and (arr.ndim != 2 or arr.shape[1] != 4):
                 raise ValueError(f"target[{key!r}] must be [N, 4] boxes, got {arr.shape}")
             found[kind] = (key, arr, fmt)

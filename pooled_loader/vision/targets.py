@@ -206,7 +206,10 @@ class Geometry:
         pycocotools' column-major masks included) with nearest neighbour into ``out``
         (allocated when None); values are copied, padding is 0. ``select``: the instances to
         keep (indices into N), read in place rather than copied out first."""
-        m = np.asarray(masks)
+        if hasattr(masks, "decode_instances"):  # coco.RleMasks: only the instances kept
+            m, select = masks.decode_instances(select), None
+        else:
+            m = np.asarray(masks)
         if m.ndim not in (2, 3) or m.shape[-2:] != self.source:
             raise ValueError(f"a mask must be [H, W] or [N, H, W] with (H, W) = {self.source}, "
                              f"got {m.shape}")
