@@ -18,7 +18,6 @@ the same. Imports: vision.detection_tv, errors; torchvision where it is called.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -64,18 +63,7 @@ class FusedDetection:
         self.names = [" ".join(repr(op).split()) for op in ops]
         keys = dataset._target_keys or ()
         self.raw_keys = tuple(k for k in ("iscrowd", "area") if k in keys)  # lists, as is
-        self._reset()
-
-    def _reset(self) -> None:
-        self._pid = os.getpid()
-        self.fallbacks = 0  # samples made by the dataset's own __getitem__
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_pid", "fallbacks")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._reset()
+        self.fallbacks = 0  # samples made by the dataset's own __getitem__ (this process)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("dataset", "fused"):
@@ -91,8 +79,6 @@ class FusedDetection:
                 "output": "torch.Tensor" if self.pure else "tv_tensors.Image"}
 
     def __getitem__(self, index: int) -> tuple[Any, dict]:
-        if os.getpid() != self._pid:
-            self._reset()
         image_id = self.fused.images[index][0]
         anns = self.fused.anns[image_id]
         if not anns:
