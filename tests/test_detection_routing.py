@@ -183,3 +183,29 @@ def test_masks_of_instances_sanitize_drops_are_never_decoded(tmp_path, monkeypat
         _, t = ds[i]
         assert sum(decoded) == len(t["masks"]) == len(t["labels"])
         assert 9 not in t["labels"].tolist() and len(eager.target(i)["masks"]) in (0, 4)
+
+
+def test_a_file_the_fused_path_refuses_is_made_by_torchvision_with_the_same_draws(tmp_path,
+                                                                                   caplog):
+    """A symlinked image (our reader opens no symlink; torchvision's does) comes from the
+    dataset's own __getitem__, the RNG restored: every sample still equals DataLoader's."""
+    import os
+    img_dir, ann = write_coco(tmp_path)
+    os.rename(os.path.join(img_dir, "2.jpg"), os.path.join(img_dir, "real.jpg"))
+    os.symlink(os.path.join(img_dir, "real.jpg"), os.path.join(img_dir, "2.jpg"))
+    ds = wrapped_coco(img_dir, ann, PIPELINES["crop pad flip"][0](), KEYS)
+    want, got, loader = both(ds)
+    assert "transforms" in loader.stats()
+    from pooled_loader.vision.detection_fused import translate
+    fused, _ = translate(ds)
+    with caplog.at_level(logging.WARNING, logger="pooled_loader"):
+        for i in range(len(fused)):
+            fused[i]
+    assert fused.fallbacks == 2  # the image without annotations, and the symlink
+    assert sum("could not make" in r.getMessage() for r in caplog.records) == 1
+    for (images_a, targets_a), (images_b, targets_b) in zip(want, got):
+        for xa, xb, ta, tb in zip(images_a, images_b, targets_a, targets_b):
+            assert type(xb) is type(xa) and xb.shape == xa.shape
+            same_target(ta, tb)
+            if ta["image_id"] == 12:  # the symlinked file: torchvision's own pixels
+                assert torch.equal(xa, xb)

@@ -10,10 +10,13 @@ RNG: ``(tv_tensors.Image, {"image_id": int, "boxes": tv_tensors.BoundingBoxes (X
 canvas_size), "masks": tv_tensors.Mask, "labels": int64 tensor, ...})`` with the keys asked for
 (``iscrowd`` and ``area`` as torchvision gives them: lists of the annotations' raw values), plain
 tensors when the Compose ends with ``ToPureTensor``. The tensors wrap the arrays the fused path
-wrote (no copy). An image without annotations, or a file our decoder refuses, is made by the
-dataset's own ``__getitem__`` (torchvision's wrapper gives such an image only its image_id, and
-its ops decide what happens to it) with torch's RNG state as it was before, so the draws stay
-the same. Imports: vision.detection_tv, errors; torchvision where it is called.
+wrote (no copy). An image without annotations is made by the dataset's own ``__getitem__``
+(torchvision's wrapper gives such an image only its image_id, and its ops decide what happens
+to it); so is a sample the fused path fails on (a file it refuses: a symlink, a format our
+decoder does not read), with torch's RNG state as it was before, so the draws stay the same:
+torchvision's code then opens it or raises its own error (the first such sample of a process
+is logged, ``fallbacks`` counts them). Imports: vision.detection_tv;
+torchvision where it is called.
 """
 from __future__ import annotations
 
@@ -22,8 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from pooled_loader.errors import SampleError
 
 log = logging.getLogger("pooled_loader")
 
@@ -64,6 +65,7 @@ class FusedDetection:
         keys = dataset._target_keys or ()
         self.raw_keys = tuple(k for k in ("iscrowd", "area") if k in keys)  # lists, as is
         self.fallbacks = 0  # samples made by the dataset's own __getitem__ (this process)
+        self.failed = 0  # of which the fused path failed on
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("dataset", "fused"):
@@ -86,10 +88,12 @@ class FusedDetection:
         saved = torch.get_rng_state()
         try:
             image, target = self.fused[index]
-        except SampleError as e:
-            if not isinstance(e.__cause__, SampleError):  # not the decoder: a real failure
-                raise
+        except Exception as e:  # noqa: BLE001  (torchvision's own code decides: it may open it)
             torch.set_rng_state(saved)
+            if not self.failed:
+                log.warning("PooledLoader: a sample the fused detection path could not make runs "
+                            "as torchvision's own code (%s)", e)
+            self.failed += 1
             return self._as_is(index)
         return self._as_torchvision(image, target, anns)
 
