@@ -31,6 +31,7 @@ Imports: vision.coco, detection, decode, ops; torchvision where it is called.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -155,6 +156,8 @@ def read_dataset(dataset: Any) -> tuple[CocoDetection | None, str]:
     for another such wrapper we cannot honour exactly; (None, "") for anything else. The
     target keys are the ones we make arrays of: iscrowd and area are left to the caller
     (torchvision gives them as lists of the raw values)."""
+    if "torchvision" not in sys.modules:  # a wrapped torchvision dataset imported it
+        return None, ""
     try:
         from torchvision import datasets
         from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
