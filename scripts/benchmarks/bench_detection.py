@@ -20,8 +20,8 @@ Every loader uses `--workers` persistent workers; per round and loader, one time
 warm-up epoch; the order rotates between rounds; printed: images/s, the median of the per-round
 ratios to DataLoader, the CPU time per sample of the whole process tree (main process and
 workers, through psutil, in the peers extra) during the timed epochs, the load average, and
-PASS/MISS against the issue's goals (>= 2.5x DataLoader on images + boxes, >= 2x with masks; the routed
-loader is held to the same goals). The machine is shared: compare ratios, not absolutes.
+PASS/MISS against the issue's goals (>= 2.5x DataLoader on images + boxes, >= 2x with masks;
+the routed loader is held to the same goals). The machine is shared: compare ratios, not absolutes.
 """
 from __future__ import annotations
 
