@@ -491,13 +491,19 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
 
     def _worker_dataset(self) -> Any:
         """The dataset the workers read: a torchvision folder dataset whose transform runs on
-        the fused image path (``vision.torchvision_fused``), or the user's own. Read again at
-        every epoch, as DataLoader's workers see a transform changed between epochs."""
+        the fused image path (``vision.torchvision_fused``), a wrapped torchvision detection
+        dataset on the fused detection path (``vision.detection_fused``), or the user's own.
+        Read again at every epoch, as DataLoader's workers see a transform changed between
+        epochs."""
         self._fused = None
         if self.accelerate_transforms and not isinstance(self.dataset, IterableDataset) \
                 and _maybe_folder(self.dataset):
             from .vision.torchvision_fused import translate
             self._fused, self._fused_line = translate(self.dataset, self._fused_line)
+            if self._fused is None:  # a wrapped torchvision detection dataset (issue 38)
+                from .vision.detection_fused import translate as detection
+                self._fused, line = detection(self.dataset, self._fused_line)
+                self._fused_line = line or self._fused_line
         return self.dataset if self._fused is None else self._fused
 
     def _pooled_collate(self) -> Callable | None:

@@ -203,3 +203,23 @@ def test_random_iou_crop_sees_integer_boxes_truncated_by_a_resize_before_it():
     ref = v2.Resize((7, 9))(tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(10, 13)))
     assert ref.tolist() == [[0, 1, 4, 6]]  # torchvision casts back to int64: truncated
     assert seen[0].tolist() == [[0, 1, 4, 6]] and t["boxes"].tolist() == [[0, 1, 4, 6]]
+
+
+def test_unchanged_wrapped_voc_is_routed_by_pooled_loader_with_dataloaders_samples(tmp_path):
+    """PooledLoader routes a wrapped torchvision VOCDetection by itself: through 2 workers the
+    user's collate_fn gets what DataLoader gives (types, keys, boxes and labels) for one seed."""
+    from test_detection_routing import both, same_target
+    from torchvision import tv_tensors
+    root, _ = write_voc(tmp_path)
+    ds = wrapped_voc(root, [v2.ToImage(), v2.RandomZoomOut(side_range=(1.0, 2.0), p=0.7),
+                            v2.RandomIoUCrop(), v2.Resize((40, 48)), v2.RandomHorizontalFlip(),
+                            v2.SanitizeBoundingBoxes()])
+    want, got, loader = both(ds)
+    assert loader.stats()["transforms"]["as_is"] == []
+    assert len(loader.stats()["transforms"]["fused"]) == 6
+    assert len(got) == len(want)
+    for (images_a, targets_a), (images_b, targets_b) in zip(want, got):
+        for xa, xb in zip(images_a, images_b):
+            assert type(xb) is tv_tensors.Image and xb.shape == xa.shape
+        for ta, tb in zip(targets_a, targets_b):
+            same_target(ta, tb)

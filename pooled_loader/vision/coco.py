@@ -48,6 +48,38 @@ def _number(ann: dict, key: str, where: str) -> float:
     return float(v)
 
 
+class RleMasks:
+    """The N instance masks of an h x w image, kept as pycocotools RLEs until read:
+    ``decode_instances(select)`` decodes only the instances asked for (the detection path asks
+    for those ``SanitizeBoundingBoxes`` keeps), ``np.asarray`` all of them."""
+
+    dtype = np.dtype(np.uint8)
+    ndim = 3
+
+    def __init__(self, rles: list, h: int, w: int) -> None:
+        self.rles, self.shape = rles, (len(rles), h, w)
+
+    def __len__(self) -> int:
+        return len(self.rles)
+
+    def decode_instances(self, select: Any = None) -> np.ndarray:
+        """uint8 [k, h, w]: a view of pycocotools' column-major decode of the instances
+        ``select`` (all when None), made in one call (the resampling reads that layout)."""
+        rles = self.rles if select is None else [self.rles[int(i)] for i in select]
+        if not rles:
+            return np.zeros((0, *self.shape[1:]), np.uint8)
+        from pycocotools import mask as coco_mask
+        decoded = coco_mask.decode(rles)  # [h, w, k], column-major
+        if decoded.shape != (*self.shape[1:], len(rles)):
+            raise ValueError(f"masks of a {self.shape[1]}x{self.shape[2]} image decode to "
+                             f"{decoded.shape}")
+        return decoded.transpose(2, 0, 1)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.decode_instances()
+        return out if dtype is None else out.astype(dtype)
+
+
 class CocoDetection:
     """``root/<file_name>`` images with COCO ``ann_file`` annotations -> ``(image, target)``.
 
@@ -114,8 +146,9 @@ class CocoDetection:
     def __len__(self) -> int:
         return len(self.images)
 
-    def target(self, index: int) -> dict:
-        """The target dict of image ``index`` (before the transform)."""
+    def target(self, index: int, lazy_masks: bool = False) -> dict:
+        """The target dict of image ``index`` (before the transform); with ``lazy_masks`` the
+        masks are an :class:`RleMasks`, decoded when read (what the transform keeps)."""
         image_id, _, h, w = self.images[index]
         anns = self.anns[image_id]
         boxes = np.zeros((len(anns), 4), np.float32)
@@ -141,38 +174,40 @@ class CocoDetection:
                 out[key] = np.array([_number(a, "area", f"annotation {a.get('id')}")
                                      for a in anns], np.float32)
             elif key == "masks":
-                out[key] = self._masks(anns, h, w)
+                masks = RleMasks(self._rles(anns, h, w), h, w)
+                out[key] = masks if lazy_masks else masks.decode_instances()
             else:
                 out[key] = self._keypoints(anns)
         return out
 
     @staticmethod
-    def _masks(anns: list[dict], h: int, w: int) -> np.ndarray:
-        masks = np.zeros((len(anns), h, w), np.uint8)
+    def _rles(anns: list[dict], h: int, w: int) -> list:
+        """pycocotools RLEs of the annotations' polygons/RLE (an empty one for no polygon)."""
         if not anns:
-            return masks
+            return []
         try:
             from pycocotools import mask as coco_mask
         except ImportError as e:
             raise ImportError("masks from COCO polygons/RLE need pycocotools "
                               "(pip install pycocotools)") from e
-        for n, ann in enumerate(anns):
+        rles = []
+        for ann in anns:
             seg = ann.get("segmentation")
             if isinstance(seg, dict):
                 if not isinstance(seg.get("counts"), (str, bytes)):
                     seg = coco_mask.frPyObjects(seg, h, w)  # uncompressed RLE
             elif isinstance(seg, list):
-                seg = coco_mask.merge(coco_mask.frPyObjects(seg, h, w)) if seg else None
+                seg = coco_mask.merge(coco_mask.frPyObjects(seg, h, w)) if seg else \
+                    {"size": [h, w], "counts": coco_mask.encode(np.zeros((h, w, 1), np.uint8,
+                                                                         order="F"))[0]["counts"]}
             else:
                 raise ValueError(f"annotation {ann.get('id')!r}: 'segmentation' must be polygons "
                                  f"or RLE, got {type(seg).__name__}")
-            if seg is not None:
-                decoded = coco_mask.decode(seg)
-                if decoded.shape != (h, w):
-                    raise ValueError(f"annotation {ann.get('id')!r}: mask {decoded.shape} for a "
-                                     f"{h}x{w} image")
-                masks[n] = decoded
-        return masks
+            if list(seg.get("size", ())) != [h, w]:
+                raise ValueError(f"annotation {ann.get('id')!r}: mask {seg.get('size')} for a "
+                                 f"{h}x{w} image")
+            rles.append(seg)
+        return rles
 
     @staticmethod
     def _keypoints(anns: list[dict]) -> np.ndarray:
@@ -194,7 +229,7 @@ class CocoDetection:
         path = os.path.join(self.root, name)
         try:
             data = np.frombuffer(read_regular(path, MAX_IMAGE_BYTES), np.uint8)
-            target = self.target(index)
+            target = self.target(index, lazy_masks=self.transform is not None)
             if self.transform is None:
                 return data, target
             return self.transform(data, target)
@@ -208,4 +243,4 @@ class CocoDetection:
                 f"target_keys={self.target_keys}, transform={self.transform!r})")
 
 
-__all__ = ["CocoDetection", "read_regular", "MAX_ANNOTATION_BYTES", "MAX_IMAGE_BYTES"]
+__all__ = ["CocoDetection", "RleMasks", "read_regular", "MAX_ANNOTATION_BYTES", "MAX_IMAGE_BYTES"]

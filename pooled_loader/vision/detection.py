@@ -293,7 +293,7 @@ class DetectionCompose:
             if size is not None and tuple(size) != tuple(canvas):
                 raise ValueError(f"target[{key!r}] has canvas_size {tuple(size)}, the image is "
                                  f"{tuple(canvas)}")
-            arr = _array(value)
+            arr = value if hasattr(value, "decode_instances") else _array(value)  # RleMasks
             if kind == "boxes" and (arr.ndim != 2 or arr.shape[1] != 4):
                 raise ValueError(f"target[{key!r}] must be [N, 4] boxes, got {arr.shape}")
             found[kind] = (key, arr, fmt)
@@ -321,9 +321,9 @@ class DetectionCompose:
         if "masks" in found:
             key, arr, _ = found["masks"]
             instance = arr.ndim == 3
-            if keep is not None and instance and arr.shape[0] == n:
-                arr = arr[keep]  # dropped masks are never resampled
-            out[key] = g.masks(arr)
+            select = np.flatnonzero(keep) if keep is not None and instance and \
+                arr.shape[0] == n else None  # dropped masks are never read
+            out[key] = g.masks(arr, select=select)
         if "keypoints" in found:
             key, arr, _ = found["keypoints"]
             if keep is not None and arr.ndim >= 3 and arr.shape[0] == n:

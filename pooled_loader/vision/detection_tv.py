@@ -23,7 +23,7 @@ torchvision v2                  fused
 ``RandomHorizontalFlip(p)``      the same, drawn with ``torch.rand(1) < p``
 ``Pad(padding)`` (fill 0)        ``Pad(padding)``
 ``SanitizeBoundingBoxes(...)``   the same rule, with labels (default labels_getter)
-``ToPureTensor()``               nothing to do: the outputs are plain arrays
+``ToPureTensor()`` (last ops)    plain tensors rather than tv_tensors
 ``CenterCrop``, ``RandomZoomOut``  vision/detection_ops.py, drawn as torchvision draws
 ``Resize(..., max_size=m)``      (fill: the image's, masks' 0), ``RandomShortestSize``,
 ``ClampBoundingBoxes()``          ``TorchResize``, ``ClampBoundingBoxes``
@@ -36,6 +36,7 @@ Imports: vision.coco, voc, detection, detection_ops, decode, ops; torchvision wh
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -131,71 +132,104 @@ def _op(t: Any) -> Any:
 
 def translate_transforms(transforms: Any) -> DetectionCompose | None:
     """Our DetectionCompose for a torchvision ``v2.Compose``, or None when it does not map."""
+    return _translate(transforms)[0]
+
+
+def _translate(transforms: Any) -> tuple[DetectionCompose | None, str]:
+    """(our DetectionCompose, "") for a torchvision ``v2.Compose``, or (None, why not)."""
     from torchvision.transforms import v2
 
     if type(transforms) is not v2.Compose or not transforms.transforms:  # None included
-        return None
+        return None, "its transforms are not a torchvision v2.Compose"
     first, *rest = transforms.transforms
     if type(first) not in (v2.ToImage, v2.PILToTensor):
-        return None
+        return None, f"its first op {type(first).__name__} is not ToImage/PILToTensor"
     ops: list = [DecodeImage()]
     tail: list = []
-    for t in rest:
+    for k, t in enumerate(rest):
         if type(t) is v2.ToPureTensor:
+            if any(type(u) is not v2.ToPureTensor for u in rest[k:]):
+                return None, "an op after ToPureTensor"  # it would see plain tensors
             continue
         op = _op(t)
         if op is None:
-            return None
+            return None, f"{type(t).__name__}: no fused equivalent for these arguments"
         (tail if isinstance(op, SanitizeBoundingBoxes) else ops).append(op)
         if tail and not isinstance(op, SanitizeBoundingBoxes):
-            return None  # a geometric op after SanitizeBoundingBoxes: not planned here
+            return None, "a geometric op after SanitizeBoundingBoxes"
     if not fills_agree(ops):
-        return None  # two different fills: one render has one
-    return DetectionCompose(ops + [ToCHW()] + tail)
+        return None, "two different fills (one render has one)"
+    return DetectionCompose(ops + [ToCHW()] + tail), ""
 
 
-def accelerate_detection(dataset: Any) -> Any:
-    """A fused equivalent of a wrapped torchvision ``CocoDetection`` or ``VOCDetection``, or
-    ``dataset`` itself."""
+def read_dataset(dataset: Any) -> tuple[CocoDetection | VOCDetection | None, str]:
+    """(our CocoDetection or VOCDetection making ``dataset``'s samples, "") for an unchanged
+    ``wrap_dataset_for_transforms_v2(torchvision.datasets.CocoDetection(...))`` (or
+    ``VOCDetection``); (None, why)
+    for another such wrapper we cannot honour exactly; (None, "") for anything else. The
+    target keys are the ones we make arrays of: iscrowd and area are left to the caller
+    (torchvision gives them as lists of the raw values)."""
+    if "torchvision" not in sys.modules:  # a wrapped torchvision dataset imported it
+        return None, ""
     try:
         from torchvision import datasets
         from torchvision.tv_tensors._dataset_wrapper import VisionDatasetTVTensorWrapper
     except ImportError:
-        return dataset
+        return None, ""
+    if not isinstance(dataset, VisionDatasetTVTensorWrapper):
+        return None, ""
     inner = getattr(dataset, "_dataset", None)
     # wrap_dataset_for_transforms_v2 makes a class of its own: (wrapper, type(inner)), nothing else
     cls = type(dataset)
     base = datasets.VOCDetection if type(inner) is datasets.VOCDetection \
         else datasets.CocoDetection
     if cls.__bases__ != (VisionDatasetTVTensorWrapper, base) \
-            or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"}:
-        return dataset
-    if type(inner) is not base or dataset.transform is not None \
-            or dataset.target_transform is not None:
-        return dataset
+            or set(vars(cls)) - {"__module__", "__doc__", "__parameters__"} \
+            or type(inner) is not base:
+        return None, (f"{type(inner).__name__} is not an unchanged torchvision CocoDetection "
+                      "or VOCDetection")
+    if dataset.transform is not None or dataset.target_transform is not None:
+        return None, "it has transform/target_transform (only transforms= is read)"
     if base is datasets.VOCDetection:
         return _voc(dataset, inner)
     keys = dataset._target_keys
     keys = ("image_id", "boxes", "labels") if keys is None else keys
-    if isinstance(keys, str) or not set(keys) <= set(KEYS):
-        return dataset
-    compose = translate_transforms(dataset.transforms)
+    if isinstance(keys, str) or not set(keys) <= set(KEYS) - {"keypoints"}:
+        return None, f"target_keys {keys!r} (fused: {', '.join(KEYS[:4])}, iscrowd, area)"
+    compose, why = _translate(dataset.transforms)
     if compose is None:  # (no transforms at all: PIL images, nothing to fuse)
-        return dataset
-    order = [k for k in KEYS if k in set(keys)]
-    return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order))
+        return None, why
+    order = [k for k in KEYS[:4] if k in set(keys)]
+    return CocoDetection.from_dict(inner.root, inner.coco.dataset, compose, tuple(order)), ""
 
 
-def _voc(dataset: Any, inner: Any) -> Any:
-    """The fused VOCDetection of a wrapped torchvision VOCDetection, or ``dataset``."""
+def _voc(dataset: Any, inner: Any) -> tuple[VOCDetection | None, str]:
+    """read_dataset for a wrapped torchvision VOCDetection."""
     keys = dataset._target_keys
     keys = ("boxes", "labels") if keys is None else keys
-    compose = translate_transforms(dataset.transforms)
-    if isinstance(keys, str) or not set(keys) <= {"boxes", "labels"} or compose is None:
-        return dataset  # ("annotation": the XML as a dict, which we do not make)
+    if isinstance(keys, str) or not set(keys) <= {"boxes", "labels"}:
+        # ("annotation": the XML as a dict, which we do not make)
+        return None, f"target_keys {keys!r} (fused: boxes, labels)"
+    compose, why = _translate(dataset.transforms)
+    if compose is None:
+        return None, why
     order = [k for k in ("boxes", "labels") if k in set(keys)]
-    return VOCDetection.from_files(inner.images, inner.targets, compose, order)
+    return VOCDetection.from_files(inner.images, inner.targets, compose, order), ""
 
 
-__all__ = ["accelerate_detection", "translate_transforms", "TorchFlip",
+def accelerate_detection(dataset: Any) -> Any:
+    """A fused equivalent of a wrapped torchvision ``CocoDetection`` or ``VOCDetection`` (numpy
+    outputs), or
+    ``dataset`` itself. ``PooledLoader`` does this by itself, with torchvision's output types
+    (``vision.detection_fused``)."""
+    fused = read_dataset(dataset)[0]
+    if fused is None:
+        return dataset
+    if isinstance(fused, CocoDetection):
+        keys = dataset._target_keys or ()
+        fused.target_keys += tuple(k for k in ("iscrowd", "area") if k in keys)
+    return fused
+
+
+__all__ = ["accelerate_detection", "read_dataset", "translate_transforms", "TorchFlip",
            "TorchRandomResizedCrop"]
