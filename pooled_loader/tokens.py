@@ -22,8 +22,9 @@ reads as whole.
 `TokenDataset` yields fixed-length windows (pre-training) or whole documents (fine-tuning, with
 `pooled_loader.collate.packed()`/`pad()` and `pooled_loader.samplers`), each read with one
 ``pread`` (into the loader's batch slot when it can: a file cut short while read is an error,
-never a SIGBUS). It is map-style, so a PooledLoader resumes it exactly. Write files with `write_tokens` (numpy arrays) or
-``python -m pooled_loader tokens write OUT --from DIR --tokenizer module:function``.
+never a SIGBUS). It is map-style, so a PooledLoader resumes it exactly. Write files with
+`write_tokens` (numpy arrays) or ``python -m pooled_loader tokens write OUT --from DIR
+--tokenizer module:function``.
 """
 from __future__ import annotations
 
