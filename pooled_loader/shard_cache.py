@@ -428,6 +428,9 @@ class ShardCache:
                 fcntl.flock(part_fd, fcntl.LOCK_SH)  # pinned before anyone may evict it
                 _touch(part_fd)
             shard, part_fd = CachedShard(url, path, part_fd), -1
+            key = os.path.basename(path)  # what this process knows of the file: hits need not
+            self._known[key] = (st.st_dev, st.st_ino, total, digest)  # read the record back
+            self._verified[key] = (st.st_dev, st.st_ino, total, size, sha256)
             self.stats["bytes"] += total
             return shard
         finally:
