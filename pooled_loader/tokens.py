@@ -328,7 +328,7 @@ class TokenDataset(Dataset):
             return [self._tokens(*self._span(i)) for i in indices]
         rows = np.empty((len(indices), self.seq_len), self.dtype)
         for row, i in zip(rows, indices):
-            self._tokens(self._span(i)[0], 0, row)
+            self._tokens(*self._span(i), row)
         return list(rows)
 
 

@@ -24,7 +24,8 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
 - ``checks`` (issue 35): the cost of the checks added to a cache hit (an ``O_NOFOLLOW|
   O_NONBLOCK`` open, owner/links/size checks, the record in ``.locks/KEY``, mtime through the
   descriptor) and to opening a local shard (regular files only), against copies of the paths
-  before them (a plain open, ``flock``, ``stat``, ``utime`` of the path; a plain ``open``); and
+  before them (79c5d7b: the cache name made per open, a plain open, ``flock``, ``stat``,
+  ``utime`` of the path; a plain ``open``); and
   of HTTP streaming with the header deadline and the minimum rate (one socket read at a time)
   against ``urllib``'s plain opener and ``HTTPResponse.readinto``. All in the main process,
   variants alternating per round, rates per CPU-second of the main process
