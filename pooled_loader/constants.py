@@ -93,12 +93,13 @@ before its rate is judged against `REMOTE_MIN_BYTES_PER_S`: a slow start (TCP sl
 object store) is not a stall. A trickling server is so dropped after about this long per
 attempt, and the read fails after about `(retries + 1)` times this."""
 
-MAX_SAMPLE_BYTES = 1 << 32
-"""Bytes. The member data one sample of a tar shard may hold (4 GiB, as one member may:
-`tar_reader.MAX_MEMBER_BYTES`): a sample is held in memory whole, and a compressed shard makes
-gigabytes from kilobytes, so without a bound per sample a few small members-worth of gzip
-could claim any amount of memory. Checked from the tar headers before a member is read
-(`shard_samples`)."""
+MAX_SAMPLE_BYTES = 256 << 20
+"""Bytes. The default bound on the member data one sample of a tar shard may hold (256 MiB;
+``WebDataset(max_sample_bytes=...)`` and ``shards index --max-sample-bytes`` change it per
+dataset): a sample is held in memory whole, and a compressed shard makes gigabytes from
+kilobytes (a 1 MiB ``.tar.gz`` can declare a 768 MiB member), so without a bound per sample a
+small shard could claim any amount of memory. Checked from the tar headers before a member's
+data is read (``shard_samples``): a refused member is never decompressed into memory."""
 
 MAX_DECOMPRESSED_SHARD_BYTES = 1 << 34
 """Bytes. What a compressed (gzip, bzip2, xz) shard may expand to (16 GiB, above the 1-10 GB

@@ -133,10 +133,12 @@ class GlobalReader:
     else from its URL (a local seek or an HTTP Range request)."""
 
     def __init__(self, urls: list[str], indexes: list["ShardIndex"], seed: int,
-                 cache: Optional["ShardCache"], *, retries: int, backoff_s: float) -> None:
+                 cache: Optional["ShardCache"], *, retries: int, backoff_s: float,
+                 max_sample_bytes: Optional[int] = None) -> None:
         self.urls, self.indexes, self.cache = urls, indexes, cache
         self.order = GlobalOrder(indexes, seed)
         self.retries, self.backoff_s = retries, backoff_s
+        self.max_sample_bytes = max_sample_bytes
 
     def samples(self, state: dict, apply: Callable[[Sample], tuple[bool, Any]],
                 fail: Callable[[str, str, BaseException], None]) -> Iterator[tuple[Any, dict]]:
@@ -176,7 +178,8 @@ class GlobalReader:
         try:
             src = self._source(handles, shard)
             sample = read_sample(src, self.indexes[shard], i, name=url, retries=self.retries,
-                                 backoff_s=self.backoff_s)
+                                 backoff_s=self.backoff_s,
+                                 max_sample_bytes=self.max_sample_bytes)
         except ShardIndexError:
             raise  # not one bad sample: skipping would repeat others in place of the shard's
         except Exception as exc:  # noqa: BLE001 - reported with the shard and offset

@@ -78,11 +78,15 @@ from .safe_open import (UnsafeFileError, create_exclusive, open_own, open_regula
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
 COPY_CHUNK = 1 << 18  # written as it arrives (an HTTP read blocks until its buffer is full)
+MAX_NAMES = 1 << 16  # URLs whose cache names a process remembers (then it starts afresh)
 MAX_PREFETCH_THREADS = 4  # concurrent background downloads per process, whatever prefetch_shards
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _KEY = re.compile(r"^[0-9a-f]{16}-[A-Za-z0-9._-]{1,80}$")  # what cache_key() makes, only that
 _PART = re.compile(r"^\.([0-9a-f]{16}-[A-Za-z0-9._-]{1,80})\.part-(\d{1,20})-[0-9a-f]{12}$")
+# a cache hit's open: never through a link, a FIFO opens at once; the descriptor only holds the
+# shard's lock and sets its mtime (readers open the path themselves), so O_NONBLOCK stays
+_PIN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 RECORD_BYTES = 256  # a record is one short line: device, inode, size, SHA-256
 _RECORD = re.compile(r"(\d{1,20}) (\d{1,20}) (\d{1,20}) ([0-9a-f]{64})\n")
 
@@ -206,6 +210,10 @@ class ShardCache:
         # key -> the record last read: a record changes only with the file it names (a new
         # download is a new inode), so while the file is that one it need not be read again.
         self._known: dict[str, tuple[int, int, int, str]] = {}
+        # key -> (device, inode, size, index size, index sha256) of the file last served: the
+        # same file asked for with the same index passes without _mismatch
+        self._verified: dict[str, tuple] = {}
+        self._names: dict[str, tuple[str, str]] = {}  # url -> (key, path)
 
     def path(self, url: str) -> str:
         return os.path.join(self.dir, cache_key(url))
@@ -219,8 +227,13 @@ class ShardCache:
         index) are checked on download, and against a cached copy's record when it is opened.
         Raises ``RemoteReadError``/``SampleError`` naming the URL when the download fails or
         does not match, ``OSError`` (ENOSPC) naming the folder when the disk is full."""
-        key = cache_key(url)
-        path = os.path.join(self.dir, key)
+        named = self._names.get(url)
+        if named is None:  # a hash and a regex per URL: once per process
+            if len(self._names) >= MAX_NAMES:
+                self._names.clear()
+            key = cache_key(url)
+            named = self._names[url] = (key, os.path.join(self.dir, key))
+        key, path = named
         shard = self._pin(url, key, path, size, sha256, locked=False)
         if shard is not None:
             self.stats["hits"] += 1
@@ -262,21 +275,20 @@ class ShardCache:
         Never opens a link, FIFO or device (a planted one is warned about and left for the
         download's rename to replace); with ``locked`` a copy of ours that fails is dropped."""
         while True:
-            try:
-                fd, st = open_regular_stat(path, own=True, what="cached shard")
-            except FileNotFoundError:
+            got = self._open_locked(url, path)
+            if got is None:
                 return None
-            except UnsafeFileError as e:
-                self._warn_once(url, f"{path}: {e.strerror}: not used; the shard is fetched "
-                                     "again")
-                return None
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if _same_file(path, st):
+            fd, st = got
+            if st.st_nlink:
                 break
             os.close(fd)  # evicted (or replaced) between open and lock: look again
+        if self._verified.get(key) == (st.st_dev, st.st_ino, st.st_size, size, sha256):
+            _touch(fd)  # checked before as this very file: the record is not read again
+            return CachedShard(url, path, fd)
         try:
             why = self._mismatch(key, st, size, sha256)
             if why is None:
+                self._verified[key] = (st.st_dev, st.st_ino, st.st_size, size, sha256)
                 _touch(fd)
                 return CachedShard(url, path, fd)
         except BaseException:
@@ -289,6 +301,41 @@ class ShardCache:
             else:
                 self._drop(path, st, why)
         return None
+
+    def _open_locked(self, url: str, path: str) -> Optional[tuple[int, os.stat_result]]:
+        """``path`` opened (never through a link, a FIFO opening at once) and share-locked, with
+        its ``fstat`` taken under the lock: a regular file of this user with at most one link
+        (none: it was evicted while we locked it); None when it is missing or not such a file
+        (warned: the download's rename replaces it). A hit costs an open, a non-blocking flock
+        and one fstat; a lock held by another (an eviction, a foreign file) takes the careful
+        way: checked before waiting for it."""
+        try:
+            fd = os.open(path, _PIN_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            fd = -1
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                st = os.fstat(fd)
+            except BlockingIOError:
+                st = None
+            if (st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+                    and st.st_nlink <= 1):
+                return fd, st
+            os.close(fd)
+        try:  # the careful way: refused with its reason, or checked before the wait for a lock
+            fd, st = open_regular_stat(path, own=True, what="cached shard")
+        except FileNotFoundError:
+            return None
+        except UnsafeFileError as e:
+            self._warn_once(url, f"{path}: {e.strerror}: not used; the shard is fetched again")
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd, os.fstat(fd)
 
     def _mismatch(self, key: str, st: os.stat_result, size: Optional[int],
                   sha256: Optional[str]) -> Optional[str]:
@@ -381,6 +428,9 @@ class ShardCache:
                 fcntl.flock(part_fd, fcntl.LOCK_SH)  # pinned before anyone may evict it
                 _touch(part_fd)
             shard, part_fd = CachedShard(url, path, part_fd), -1
+            key = os.path.basename(path)  # what this process knows of the file: hits need not
+            self._known[key] = (st.st_dev, st.st_ino, total, digest)  # read the record back
+            self._verified[key] = (st.st_dev, st.st_ino, total, size, sha256)
             self.stats["bytes"] += total
             return shard
         finally:
@@ -495,6 +545,7 @@ class ShardCache:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["stats"], state["_warned"], state["_known"] = Counter(), set(), {}
+        state["_verified"], state["_names"] = {}, {}
         return state
 
 

@@ -74,8 +74,9 @@ def index_url(url: str) -> str:
     return url + INDEX_SUFFIX
 
 
-def build_index(path: str) -> ShardIndex:
-    """Index a local tar shard by reading it once (every sample, as the reader groups them)."""
+def build_index(path: str, max_sample_bytes: Optional[int] = None) -> ShardIndex:
+    """Index a local tar shard by reading it once (every sample, as the reader groups them;
+    ``max_sample_bytes`` as ``shard_samples`` takes it)."""
     offsets, sizes = [], []
     # refused before reading: a FIFO blocks open(), a link to /dev/zero never ends
     with os.fdopen(open_regular(path, what="shard", follow=True), "rb") as f:
@@ -83,7 +84,8 @@ def build_index(path: str) -> ShardIndex:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
         size = os.fstat(f.fileno()).st_size
-    for _, start, after in shard_samples(path, 0):  # the reader's own grouping, so both agree
+    # the reader's own grouping, so both agree
+    for _, start, after in shard_samples(path, 0, max_sample_bytes=max_sample_bytes):
         if start is None or after is None:
             raise ValueError(f"{path}: a compressed shard cannot be indexed (its offsets are "
                              "not file offsets); index the uncompressed .tar")
@@ -92,10 +94,10 @@ def build_index(path: str) -> ShardIndex:
     return ShardIndex(size, h.hexdigest(), tuple(offsets), tuple(sizes))
 
 
-def write_index(path: str) -> str:
+def write_index(path: str, max_sample_bytes: Optional[int] = None) -> str:
     """Write ``path``'s index next to it (a new file of unpredictable name, created exclusively
     so a planted symlink is never written through, then renamed); its path."""
-    index = build_index(path)
+    index = build_index(path, max_sample_bytes)
     out = index_url(path)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".partial",
                                dir=os.path.dirname(out) or ".")
@@ -186,7 +188,8 @@ def load_index(url: str, *, retries: int = remote.RETRIES,
 
 
 def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = None,
-                retries: int = remote.RETRIES, backoff_s: float = remote.BACKOFF_S) -> Sample:
+                retries: int = remote.RETRIES, backoff_s: float = remote.BACKOFF_S,
+                max_sample_bytes: Optional[int] = None) -> Sample:
     """Sample ``i`` of shard ``url`` (named ``name`` in errors) as ``index`` places it, checked
     against the shard on the way: the shard (or the server's ``Content-Range``) has the size the
     index records, and the bytes hold exactly one whole sample there. The first sample is read
@@ -198,7 +201,7 @@ def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = No
     lo = 0 if i == 0 else off
     hi = off + n + (END_MARKER if i == len(index) - 1 else 0)
     samples = shard_samples(url, lo, end=hi, size=index.shard_bytes, retries=retries,
-                            backoff_s=backoff_s)
+                            backoff_s=backoff_s, max_sample_bytes=max_sample_bytes)
     try:
         sample, start, after = next(samples, (None, None, None))
         # the last: the iteration must end at the marker, not find (part of) another member

@@ -81,7 +81,8 @@ def is_local_tar(url: str) -> bool:
 
 def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
                   backoff_s: float = remote.BACKOFF_S, end: Optional[int] = None,
-                  size: Optional[int] = None) -> Iterator[tuple[Sample, Any, Any]]:
+                  size: Optional[int] = None, max_sample_bytes: Optional[int] = None
+                  ) -> Iterator[tuple[Sample, Any, Any]]:
     """``(sample, start, next)`` for the samples of one shard from byte ``offset`` (the start of
     a sample's first member), grouped as ``webdataset.tariterators.group_by_keys`` groups them.
 
@@ -89,8 +90,11 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
     for a compressed shard (its offsets are not file offsets; such a shard resumes by re-reading
     and skipping whole samples). ``end``: read no byte from there on. ``size``: the shard's
     size as its index records it; a shard (or server) that reports another raises
-    ``ShardIndexError``. Other errors propagate."""
+    ``ShardIndexError``. ``max_sample_bytes``: the most member data one sample may hold
+    (default ``constants.MAX_SAMPLE_BYTES``), checked from the headers before a member's data
+    is read. Other errors propagate."""
     base = offset or 0
+    bound = MAX_SAMPLE_BYTES if max_sample_bytes is None else max_sample_bytes
     stream = remote.open_shard(url, base, retries=retries, backoff_s=backoff_s, end=end)
     try:
         got = stream.raw.size
@@ -121,16 +125,22 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
             if suffix in sample:
                 raise ShardFormatError(url, f"{name}: duplicate file name in the shard")
             held += info.size
-            if held > MAX_SAMPLE_BYTES:  # from the headers, before the data is read
-                raise ShardFormatError(url, f"sample {prefix!r}: member {name!r} brings it to "
-                                            f"{held} bytes, more than the {MAX_SAMPLE_BYTES} a "
-                                            "sample may hold (constants.MAX_SAMPLE_BYTES), at "
-                                            f"byte {info.data_offset}")
+            if held > bound:  # from the headers, before the data is read (or decompressed)
+                raise ShardFormatError(url, sample_too_big(prefix, name, held, bound,
+                                                           info.data_offset))
             sample[suffix] = tar.read(info)
         if sample is not None:
             yield sample, start, (tar.end if plain else None)
     finally:
         stream.close()
+
+
+def sample_too_big(key: str, member: str, held: int, bound: int, at: int) -> str:
+    """Why a sample is refused: its members' bytes pass ``bound`` (what to raise, and how)."""
+    return (f"sample {key!r}: member {member!r} brings it to {held} bytes, more than the "
+            f"{bound} one sample may hold in memory (max_sample_bytes: raise it with "
+            "WebDataset(max_sample_bytes=...) or `shards index --max-sample-bytes` if such "
+            f"samples are meant), at byte {at}")
 
 
 def _open_tar(path: str) -> Any:

@@ -33,6 +33,7 @@ from .errors import ClassMismatchError, ShardFormatError
 from . import remote
 from .file_index import list_image_folder
 from .progress import progress_bar
+from .shard_cache import parse_bytes
 from .shard_index import write_index
 from .shard_samples import expand_shards
 from .tar_reader import TarReader
@@ -175,13 +176,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ix = sub.add_parser("index", help="write the sample index (NAME.idx.json) of local shards")
     ix.add_argument("pattern", help="shards: a brace pattern (d-{000..099}.tar), a folder or "
                                     "a path")
+    ix.add_argument("--max-sample-bytes", default=None,
+                    help="the most member data one sample may hold, e.g. 1GiB (default "
+                         "256MiB: constants.MAX_SAMPLE_BYTES)")
     args = parser.parse_args(argv)
     if args.command == "index":
+        bound = (None if args.max_sample_bytes is None
+                 else parse_bytes(args.max_sample_bytes, "--max-sample-bytes"))
         for path in expand_shards(args.pattern):
             if "://" in path or path.startswith("pipe:"):
                 raise ValueError(f"{path}: shards index works on local shards; index them "
                                  "before uploading")
-            print(write_index(path))
+            print(write_index(path, bound))
         return 0
     try:
         paths = write_shards(args.src, args.out_pattern, args.per_shard,

@@ -21,10 +21,10 @@ reads as whole.
 
 `TokenDataset` yields fixed-length windows (pre-training) or whole documents (fine-tuning, with
 `pooled_loader.collate.packed()`/`pad()` and `pooled_loader.samplers`), each read with one
-``pread`` into a new array (a file cut short while read is an error, never a SIGBUS). It is
-map-style, so a
-PooledLoader resumes it exactly. Write files with `write_tokens` (numpy arrays) or
-``python -m pooled_loader tokens write OUT --from DIR --tokenizer module:function``.
+``pread`` (into the loader's batch slot when it can: a file cut short while read is an error,
+never a SIGBUS). It is map-style, so a PooledLoader resumes it exactly. Write files with
+`write_tokens` (numpy arrays) or ``python -m pooled_loader tokens write OUT --from DIR
+--tokenizer module:function``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import importlib
 import os
 import struct
 import tempfile
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -211,11 +211,13 @@ class TokenDataset(Dataset):
     reads them; ask for ``block + 1`` tokens to take shifted targets from each window).
     `seq_len` None: item i is document i, cut to its first `max_len` tokens if given.
 
-    Items are new arrays, not views of a memory map: a ``.bin`` cut short while an epoch runs
-    is then a ``TokenFileError`` naming it at the next item (a short read), where a view read
+    Items are read, not views of a memory map: a ``.bin`` cut short while an epoch runs is
+    then a ``TokenFileError`` naming it at the next item (a short read), where a view read
     after the cut would kill the process with SIGBUS, and a file larger than the address space
-    a process may map (``ulimit -v``) reads as any other (scripts/benchmarks/bench_ragged.py
-    measures the copy: BENCHMARKS.md).
+    a process may map (``ulimit -v``) reads as any other. Under PooledLoader a window is read
+    straight into its row of the batch slot (``getitem_into``: the read is the item's only
+    copy, as the view's copy into the slot was); DataLoader's batched fetch (``__getitems__``)
+    reads a batch of windows into one array (scripts/benchmarks/bench_checks.py: BENCHMARKS.md).
     """
 
     def __init__(self, path: str | os.PathLike, seq_len: int | None = None,
@@ -231,36 +233,65 @@ class TokenDataset(Dataset):
         if seq_len is not None and self.num_tokens < seq_len:
             raise ValueError(f"{_paths(self.path)[0]}: {self.num_tokens} tokens, fewer than one "
                              f"window of seq_len={seq_len}")
+        self._itemsize = self.dtype.itemsize
+        self._len = self._count()
         self._file: Any = None  # opened on first use, in each process
+        self._fd = -1
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_file": None}  # workers open it themselves
+        return {**self.__dict__, "_file": None, "_fd": -1}  # workers open it themselves
 
-    def _open_bin(self) -> Any:
+    def _open_bin(self) -> int:
         bin_path = _paths(self.path)[0]
-        self._file = _open(bin_path, "token file", self.num_tokens * self.dtype.itemsize)
-        return self._file
+        self._file = _open(bin_path, "token file", self.num_tokens * self._itemsize)
+        self._fd = self._file.fileno()
+        return self._fd
 
-    def _tokens(self, start: int, end: int) -> np.ndarray:
-        """Tokens ``start:end`` read from the file; a short read (the file shrank) is an
-        error naming it."""
-        out = np.empty(end - start, self.dtype)
-        fd = (self._file or self._open_bin()).fileno()
-        pos = start * out.itemsize
-        got = os.preadv(fd, (out,), pos)
-        while got < out.nbytes:  # a read can be short (2 GiB at most per call), or the end
-            n = os.preadv(fd, (memoryview(out).cast("B")[got:],), pos + got)
+    def _tokens(self, start: int, end: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Tokens ``start:end`` read from the file (into ``out`` when given: an array of that
+        many tokens of this dtype); a short read (the file shrank) is an error naming it."""
+        if out is None:
+            out = np.empty(end - start, self.dtype)
+        fd = self._fd if self._fd >= 0 else self._open_bin()
+        if os.preadv(fd, (out,), start * self._itemsize) != out.nbytes:
+            self._read_rest(fd, out, start * self._itemsize)
+        return out
+
+    def _read_rest(self, fd: int, out: np.ndarray, pos: int) -> None:
+        """After a short read: the rest (a read returns 2 GiB at most), or an error naming the
+        file if it ends first."""
+        raw = memoryview(out).cast("B")
+        got = 0
+        while got < len(raw):
+            n = os.preadv(fd, (raw[got:],), pos + got)
             if n <= 0:
                 raise TokenFileError(f"{_paths(self.path)[0]}: the file shrank while it was "
                                      f"open (it was {self.num_tokens} tokens); was it "
                                      "rewritten in place?")
             got += n
-        return out
 
-    def __len__(self) -> int:
+    def _span(self, i: Any) -> tuple[int, int]:
+        """Token range of item ``i`` (negative counts from the end)."""
+        n = self._len
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} items of {self.path}")
+        if i < 0:
+            i += n
+        if self.seq_len is not None:
+            start = int(i) * self.stride
+            return start, start + self.seq_len
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        if self.max_len is not None:
+            end = min(end, start + self.max_len)
+        return start, end
+
+    def _count(self) -> int:
         if self.seq_len is None:
             return len(self.offsets) - 1
         return (self.num_tokens - self.seq_len) // self.stride + 1
+
+    def __len__(self) -> int:
+        return self._len
 
     def lengths(self) -> np.ndarray:
         """Every item's length in tokens, from the index alone (for `pooled_loader.samplers`)."""
@@ -279,17 +310,26 @@ class TokenDataset(Dataset):
         return best
 
     def __getitem__(self, i: int) -> np.ndarray:
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for {n} items of {self.path}")
-        i %= n
-        if self.seq_len is not None:
-            start = i * self.stride
-            return self._tokens(start, start + self.seq_len)
-        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        if self.max_len is not None:
-            end = min(end, start + self.max_len)
+        return self._tokens(*self._span(i))
+
+    def getitem_into(self, i: int, out: Any) -> np.ndarray:
+        """Item ``i`` read straight into ``out`` (a PooledLoader slot's row: C-contiguous and
+        writable) when it has the item's length and dtype, so the read is the only copy; else
+        a new array."""
+        start, end = self._span(i)
+        if type(out) is np.ndarray and out.shape == (end - start,) and out.dtype == self.dtype:
+            return self._tokens(start, end, out)
         return self._tokens(start, end)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[np.ndarray]:
+        """Items ``indices`` (DataLoader's batched fetch): windows are rows of one array read
+        row by row, so a batch is one allocation; documents are read one by one."""
+        if self.seq_len is None:
+            return [self._tokens(*self._span(i)) for i in indices]
+        rows = np.empty((len(indices), self.seq_len), self.dtype)
+        for row, i in zip(rows, indices):
+            self._tokens(*self._span(i), row)
+        return list(rows)
 
 
 # -- command line --------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import global_shuffle, remote, wds_elastic, wds_plan, wds_state
 from .distributed import empty_rank_message, rank_and_world
 from .errors import SampleError
-from .shard_cache import Prefetcher, ShardCache
+from .shard_cache import Prefetcher, ShardCache, parse_bytes
 from .shard_index import load_index
 from .shard_samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
                             expand_shards, is_local_tar, local_sample_offset, shard_samples)
@@ -132,6 +132,10 @@ class WebDataset(IterableDataset):
         index: read every shard's index (``X.tar.idx.json``; always with ``shuffle="global"``):
             the counts come from it (no shard is read to count them) and the cache checks each
             download's size and SHA-256 against it.
+        max_sample_bytes: the most member data (decompressed) one sample may hold, an int or
+            ``"1GiB"``...; default ``constants.MAX_SAMPLE_BYTES`` (256 MiB). Checked from the
+            tar headers before a member is read: a larger sample is an error naming the shard,
+            the sample and the member (a counted skip with ``on_error="skip"``).
     """
 
     splits_by_rank = True  # pooled_loader.distributed: no DistributedSampler needed
@@ -152,6 +156,7 @@ class WebDataset(IterableDataset):
         cache_limit: Union[int, str, None] = None,
         prefetch_shards: int = 0,
         index: bool = False,
+        max_sample_bytes: Union[int, str, None] = None,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -172,6 +177,8 @@ class WebDataset(IterableDataset):
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.retries = int(retries)
         self.retry_backoff_s = float(retry_backoff_s)
+        self.max_sample_bytes = (None if max_sample_bytes is None
+                                 else parse_bytes(max_sample_bytes, "max_sample_bytes"))
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
         self._progress: Optional[Union[Progress, dict]] = None
@@ -207,7 +214,7 @@ class WebDataset(IterableDataset):
             cache = self.cache if global_shuffle.use_cache(self.cache, self.indexes) else None
             self._global = global_shuffle.GlobalReader(
                 self.urls, self.indexes, self.seed, cache, retries=self.retries,
-                backoff_s=self.retry_backoff_s)
+                backoff_s=self.retry_backoff_s, max_sample_bytes=self.max_sample_bytes)
         if samples_per_epoch is None:
             self.shard_sizes = [self._count_shard(u) for u in self.urls]
             samples_per_epoch = sum(self.shard_sizes)
@@ -272,7 +279,9 @@ class WebDataset(IterableDataset):
     def _count_shard(self, url: str) -> int:
         try:
             with self._source(url) as src:
-                count, error = count_shard(src, retries=self.retries, backoff_s=self.retry_backoff_s)
+                count, error = count_shard(src, retries=self.retries,
+                                           backoff_s=self.retry_backoff_s,
+                                           max_sample_bytes=self.max_sample_bytes)
         except Exception as exc:  # noqa: BLE001 - the cache's download failed: reported below
             count, error = 0, error_reason(exc)
         if error:
@@ -300,7 +309,8 @@ class WebDataset(IterableDataset):
                     ) -> Iterator[tuple[Sample, Any, Any]]:
         """``shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
         the start and pass over ``index`` samples. ``ahead``: the shards to prefetch next."""
-        opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s}
+        opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s,
+                "max_sample_bytes": self.max_sample_bytes}
         with self._source(url) as src:
             if self._prefetcher is not None:
                 self._prefetcher.ahead(list(ahead))

@@ -301,3 +301,62 @@ def test_safe_open_refuses_each_kind_of_planted_file(tmp_path):
     safe_open.write_all(fd, memoryview(b"x" * 100000), path)
     os.close(fd)
     assert os.path.getsize(path) == 100000 and os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_a_cache_hit_is_one_open_one_flock_and_one_fstat_the_record_read_once(
+        remote_root, tmp_path, monkeypatch):
+    """The hit path's cost (issue 35: hits ran at 0.92x the unchecked open): after the first
+    open, a hit neither reads the record again, nor ``lstat``s the name, nor clears
+    ``O_NONBLOCK`` (the descriptor only holds the lock); the checks are on one ``fstat``."""
+    from pooled_loader import shard_cache
+    with ShardServer(remote_root) as srv:
+        url = srv.url(remote_names()[0])
+        cache = ShardCache(str(tmp_path / "c"))
+        cache.open(url).close()
+        calls = {"lstat": 0, "stat": 0, "fstat": 0, "fcntl": 0, "record": 0, "key": 0}
+
+        def counting(name, fn):
+            def call(*a, **k):
+                calls[name] += 1
+                return fn(*a, **k)
+            return call
+        for name, owner in (("lstat", os), ("stat", os), ("fstat", os),
+                            ("fcntl", shard_cache.fcntl)):
+            monkeypatch.setattr(owner, name, counting(name, getattr(owner, name)))
+        monkeypatch.setattr(ShardCache, "_record", counting("record", ShardCache._record))
+        monkeypatch.setattr(shard_cache, "cache_key", counting("key", shard_cache.cache_key))
+        for _ in range(10):
+            with cache.open(url) as shard:
+                assert os.path.basename(shard.path) == cache_key(url)
+        monkeypatch.undo()
+        assert calls == {"lstat": 0, "stat": 0, "fstat": 10, "fcntl": 0, "record": 0, "key": 0}
+        assert srv.requests[remote_names()[0]] == 1
+
+
+def test_a_shard_evicted_between_the_open_and_the_lock_is_looked_up_again(
+        remote_root, tmp_path, monkeypatch):
+    """The hit locks the descriptor it opened; if the file was unlinked (evicted) before the
+    lock was taken, its ``fstat`` under the lock shows no link: it is never served, the name is
+    looked up again (and, gone, downloaded again)."""
+    from pooled_loader import shard_cache
+    name = remote_names()[0]
+    good = read_bytes(os.path.join(remote_root, name))
+    with ShardServer(remote_root) as srv:
+        url = srv.url(name)
+        cache = ShardCache(str(tmp_path / "c"))
+        cache.open(url).close()
+        flock, evicted = shard_cache.fcntl.flock, []
+
+        def evict_first(fd, mode):
+            if not evicted and mode & shard_cache.fcntl.LOCK_SH:
+                evicted.append(fd)
+                os.unlink(cache.path(url))  # what an eviction does, just before our lock
+            return flock(fd, mode)
+        monkeypatch.setattr(shard_cache.fcntl, "flock", evict_first)
+        with cache.open(url) as shard:
+            monkeypatch.undo()
+            held = os.fstat(shard._fd)  # the new download's file (its inode may be reused)
+            assert held.st_nlink == 1 and read_bytes(shard.path) == good
+            assert (held.st_dev, held.st_ino) == (os.stat(shard.path).st_dev,
+                                                  os.stat(shard.path).st_ino)
+        assert srv.requests[name] == 2

@@ -321,3 +321,62 @@ def test_what_a_compressed_shard_expands_to_is_bounded(tmp_path, monkeypatch, na
         with pytest.raises(SampleError, match=r"big\.tar\.gz: a compressed shard expanding "
                                               r"past 2097152 bytes"):
             count_samples(path)
+
+
+def zeros_member_tar_gz(tmp_path, name, size):
+    """A .tar.gz of one sample whose one member is ``size`` zero bytes: gzip members of 1 MiB
+    of zeros repeated (a gzip stream may hold many), so a few hundred KiB on disk."""
+    mib = gzip.compress(bytes(1 << 20), compresslevel=9)
+    with open(tmp_path / name, "wb") as f:
+        f.write(gzip.compress(header("0000.bin", size)))
+        for _ in range(size >> 20):
+            f.write(mib)
+        f.write(gzip.compress(bytes(size % (1 << 20)) + bytes(-size % 512) + END))
+    return str(tmp_path / name)
+
+
+def test_a_tiny_tar_gz_declaring_300_mib_in_one_member_is_refused_at_the_default_unread(
+        tmp_path):
+    """Issue 35: a small .tar.gz expanding to one huge member was accepted (up to 4 GiB a
+    sample). The default bound (256 MiB) refuses its 300 MiB member from the header, naming
+    the shard, the member, the bound and the keyword, before a byte of it is decompressed."""
+    import tracemalloc
+    from pooled_loader.constants import MAX_SAMPLE_BYTES
+    assert MAX_SAMPLE_BYTES == 256 << 20
+    path = zeros_member_tar_gz(tmp_path, "bomb.tar.gz", 300 << 20)
+    assert os.path.getsize(path) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(SampleError, match=r"bomb\.tar\.gz: sample '0000': member "
+                                              r"'0000\.bin' brings it to 314572800 bytes, more "
+                                              r"than the 268435456 .*max_sample_bytes"):
+            list(WebDataset([path], samples_per_epoch=1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20  # the member was never read into memory
+
+
+def test_max_sample_bytes_is_a_keyword_of_webdataset_and_of_shards_index(tmp_path):
+    """The bound is set per dataset (an int or "4MiB"), for streamed, global-shuffle and
+    indexing reads alike; the error says how to raise it."""
+    from pooled_loader.shards import main as shards_main
+    gz = zeros_member_tar_gz(tmp_path, "two.tar.gz", 2 << 20)
+    with pytest.raises(SampleError, match=r"two\.tar\.gz: .*more than the 1048576 one sample "
+                                          r"may hold in memory \(max_sample_bytes: raise it "
+                                          r"with WebDataset\(max_sample_bytes=\.\.\.\)"):
+        list(WebDataset([gz], samples_per_epoch=1, max_sample_bytes=1 << 20))
+    [sample] = list(WebDataset([gz], samples_per_epoch=1, max_sample_bytes="4MiB"))
+    assert len(sample["bin"]) == 2 << 20
+    with pytest.raises(ValueError, match="max_sample_bytes"):
+        WebDataset([gz], samples_per_epoch=1, max_sample_bytes=0)
+
+    plain = write(tmp_path, "two.tar", member("0000.bin", bytes(2 << 20)) + samples(2, 1) + END)
+    with pytest.raises(ShardFormatError, match=r"two\.tar: sample '0000'.*1048576"):
+        shards_main(["index", plain, "--max-sample-bytes", "1MiB"])
+    assert not os.path.exists(plain + ".idx.json")
+    assert shards_main(["index", plain]) == 0
+    with pytest.raises(SampleError, match=r"two\.tar: .*1048576.*max_sample_bytes"):
+        list(WebDataset([plain], shuffle="global", seed=1, max_sample_bytes=1 << 20))
+    got = list(WebDataset([plain], shuffle="global", seed=1))
+    assert sorted(s["__key__"] for s in got) == ["0000", "0001", "0002"]

@@ -67,6 +67,55 @@ def test_an_item_handed_out_before_the_file_is_cut_stays_readable_and_the_next_i
     assert "corpus.bin: the file shrank while it was open" in r.stdout
 
 
+def test_items_are_read_into_the_slot_row_or_one_array_per_batch_with_the_same_values(
+        tmp_path):
+    """The cheap read paths: ``getitem_into`` reads a window into the row it is given (that
+    very array comes back: the loader copies nothing more), a row of another length or dtype
+    gets a new array; ``__getitems__`` reads a batch of windows into one array."""
+    path = str(tmp_path / "t")
+    write_tokens(path, [np.arange(n) for n in (300, 50, 700)], dtype=np.uint16)
+    win, docs = TokenDataset(path, seq_len=64, stride=10), TokenDataset(path, max_len=100)
+    row = np.zeros(64, np.uint16)
+    assert win.getitem_into(3, row) is row and (row == win[3]).all() and row[0] == 30
+    for other in (np.zeros(63, np.uint16), np.zeros(64, np.int32), None):
+        got = win.getitem_into(-1, other)
+        assert got is not other and (got == win[len(win) - 1]).all()
+    batch = win.__getitems__([5, 0, len(win) - 1])
+    assert all(b.base is batch[0].base for b in batch)  # one array
+    assert [b.tolist() for b in batch] == [win[i].tolist() for i in (5, 0, -1)]
+    assert [d.tolist() for d in docs.__getitems__([2, 1])] == [docs[2].tolist(), docs[1].tolist()]
+    with pytest.raises(IndexError):
+        win.__getitems__([0, len(win)])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collate", [None, "list"])
+def test_a_file_cut_during_a_loader_epoch_is_an_error_naming_it_not_a_sigbus(tmp_path, collate):
+    """Through PooledLoader's workers: windows read into the slot rows (``getitem_into``, the
+    default collate) or through ``__getitems__`` (a custom collate); the cut ends the epoch
+    with the error naming the file, never a worker killed by SIGBUS."""
+    path = str(tmp_path / "corpus")
+    write_tokens(path, [np.arange(5000) % 300 for _ in range(8)], dtype=np.uint16)
+    r = run_python(f"""
+        import os
+        from pooled_loader import PooledLoader
+        from pooled_loader.tokens import TokenDataset
+        collate = {"list" if collate else "None"}
+        ds = TokenDataset({path!r}, seq_len=16)
+        batches = 0
+        try:
+            for batch in PooledLoader(ds, batch_size=4, num_workers=1, collate_fn=collate):
+                if batches == 0:
+                    os.truncate({path + '.bin'!r}, 100)
+                batches += 1
+        except Exception as e:
+            print("error:", type(e).__name__, str(e).replace(chr(10), " "))
+        print("batches", batches, "of", len(ds) // 4)
+        """)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "corpus.bin: the file shrank while it was open" in r.stdout, r.stdout[-2000:]
+
+
 @pytest.mark.timeout(120)
 def test_a_sparse_2_tib_token_file_reads_under_an_address_space_limit(tmp_path):
     """A 2 TiB ``.bin`` (sparse) with ``ulimit -v`` of 16 GiB: mapping it failed with a bare
@@ -84,10 +133,11 @@ def test_a_sparse_2_tib_token_file_reads_under_an_address_space_limit(tmp_path):
         ds = TokenDataset({path!r}, max_len=64)
         print(len(ds), ds[0].tolist(), ds[1].shape, int(ds[1].sum()))
         win = TokenDataset({path!r}, seq_len=32)
-        print(win[len(win) - 1].shape)
+        row = win.getitem_into(len(win) - 1, __import__("numpy").ones(32, win.dtype))
+        print(win[len(win) - 1].shape, int(row.sum()), win.__getitems__([0, 1])[1].shape)
         """)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split("\n")[:2] == [f"2 {[0] * 10} (64,) 0", "(32,)"]
+    assert r.stdout.split("\n")[:2] == [f"2 {[0] * 10} (64,) 0", "(32,) 0 (32,)"]
 
 
 def _fifo(path):

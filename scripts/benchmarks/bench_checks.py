@@ -1,16 +1,20 @@
 #!/usr/bin/env python
 """What issue 35's checks cost on the hot paths: token items and global-shuffle reads.
 
-    python scripts/benchmarks/bench_checks.py [--rounds 7]
+    python scripts/benchmarks/bench_checks.py [--rounds 7] [--part all|tokens|shuffle]
 
-- Token items: ``TokenDataset`` reads each item with one ``pread`` into an array of its own
-  (a file cut short is an error, not a SIGBUS); before, an item was a view of a memory map
-  checked with one ``fstat`` (``MappedTokens`` below does that). Timed two ways: an epoch of
+- Token items: ``TokenDataset`` reads each item with one ``pread`` (a file cut short is an
+  error, not a SIGBUS): into the slot row itself under PooledLoader (``getitem_into``), into
+  one array per batch through ``__getitems__`` (DataLoader's batched fetch), else into an array
+  of its own; before (79c5d7b), an item was a view of a memory map checked with one ``fstat``
+  (``MappedTokens`` below, that code copied). Timed as: three epochs of
   ``PooledLoader(batch_size=32, num_workers=2, shuffle=True)`` (persistent workers, the
   default collate) over windows of 2048 tokens and over documents of 20-600 tokens (uint16,
-  ``collate.packed()``), and, alone, batches of 32 random items stacked into one array in the
-  main process (the view's copy happens there), and one item alone in microseconds (the
-  fastest of 15 repeats). The file is in the page cache.
+  ``collate.packed()``); alone, batches of 32 random items fetched as DataLoader fetches them
+  and stacked into one array in the main process (the view's copy happens there); one item
+  alone (dropped at once), and one item written into a row of a batch array (``getitem_into``
+  against the view copied in, as a worker writes a slot), in microseconds. The file is in
+  the page cache.
 - Global-shuffle reads: ``shard_index.read_sample`` (the shard's size against its index, exactly
   one sample in the slice, the first sample read from byte 0, the last with the end marker)
   against the read it replaced, ``shard_samples(path, offset, end=offset + size)``: every
@@ -34,7 +38,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import timeit
 
 import numpy as np
 
@@ -50,35 +53,74 @@ BATCH = 32
 
 
 class MappedTokens(TokenDataset):
-    """The read before issue 35: items are views of a memory map, one fstat per item."""
+    """The read before issue 35 (79c5d7b's ``TokenDataset.__getitem__``): items are views of a
+    memory map, one fstat per item; no ``getitem_into``, no ``__getitems__``."""
 
-    def _tokens(self, start: int, end: int) -> np.ndarray:
+    getitem_into = None  # the loader then calls __getitem__ and copies the view into the slot
+    __getitems__ = None
+
+    def _mapped(self) -> np.ndarray:
         if self.__dict__.get("_map") is None:
             self._mapped_file = open(self.path + ".bin", "rb")
             self._map = np.memmap(self._mapped_file, dtype=self.dtype, mode="r").view(
                 np.ndarray)
         if os.fstat(self._mapped_file.fileno()).st_size < self.num_tokens * self.dtype.itemsize:
             raise ValueError(f"{self.path}.bin: the file shrank")
-        return self._map[start:end]
+        return self._map
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} items of {self.path}")
+        i %= n
+        if self.seq_len is not None:
+            start = i * self.stride
+            return self._mapped()[start:start + self.seq_len]
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        if self.max_len is not None:
+            end = min(end, start + self.max_len)
+        return self._mapped()[start:end]
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in super().__getstate__().items()
                 if k not in ("_map", "_mapped_file")}
 
 
-def loader_epoch(loader) -> int:
-    return sum(1 for _ in loader)
+def loader_epoch(loader, epochs: int = 3) -> int:
+    """Batches of ``epochs`` epochs (several, so that a round's CPU time is well above the
+    10 ms resolution of the workers' CPU clocks)."""
+    return sum(1 for _ in range(epochs) for _ in loader)
 
 
 def token_batches(items, order) -> int:
+    """Batches of BATCH items stacked into one array, fetched as DataLoader fetches them
+    (``__getitems__`` when the dataset has one)."""
     total = 0
+    fetch = items.__getitems__ or (lambda ids: [items[i] for i in ids])
     for k in range(0, len(order) - BATCH + 1, BATCH):
-        batch = [items[i] for i in order[k:k + BATCH]]
+        batch = fetch(order[k:k + BATCH])
         if batch[0].shape == batch[-1].shape and all(len(b) == len(batch[0]) for b in batch):
             total += int(np.stack(batch)[:, 0].sum())
         else:
             total += int(np.concatenate(batch)[:1].sum())
     return total
+
+
+def items_into_rows(ds, idx, rows) -> None:
+    """Each item written into a row of a batch array, as a PooledLoader worker writes a slot:
+    ``getitem_into`` reads straight into the row; a view is copied into it."""
+    into = ds.getitem_into
+    if into is not None:
+        for j, i in enumerate(idx):
+            into(i, rows[j % BATCH])
+    else:
+        for j, i in enumerate(idx):
+            rows[j % BATCH] = ds[i]
+
+
+def items_dropped(ds, idx) -> None:
+    for i in idx:
+        ds[i]
 
 
 def make_shards(root: str, shards: int, per_shard: int) -> list[str]:
@@ -130,6 +172,7 @@ def interleaved(rounds: int, a, b, clock=time.process_time) -> tuple[float, ...]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--part", choices=["all", "tokens", "shuffle"], default="all")
     args = ap.parse_args()
     from pooled_loader import PooledLoader
     from pooled_loader.collate import packed
@@ -139,7 +182,7 @@ def main() -> int:
         path = os.path.join(d, "tok")
         write_tokens(path, (rng.integers(0, 50000, int(n), dtype=np.uint16)
                             for n in rng.integers(20, 600, 16000)), dtype=np.uint16)
-        for name, kw, collate in (("windows of 2048 (stride 256)",
+        for name, kw, collate in () if args.part == "shuffle" else (("windows of 2048 (stride 256)",
                                    {"seq_len": 2048, "stride": 256}, None),
                                   ("documents of 20-600", {}, packed())):
             built = [PooledLoader(cls(path, **kw), batch_size=BATCH, num_workers=2,
@@ -149,7 +192,8 @@ def main() -> int:
                          *interleaved(args.rounds, *(lambda ld=ld: loader_epoch(ld)
                                                      for ld in built), clock=cpu_seconds)))
             del built
-        for name, kw in (("windows of 2048", {"seq_len": 2048}), ("documents of 20-600", {})):
+        for name, kw in () if args.part == "shuffle" else (
+                ("windows of 2048", {"seq_len": 2048}), ("documents of 20-600", {})):
             new_ds, old_ds = TokenDataset(path, **kw), MappedTokens(path, **kw)
             order = list(rng.permutation(len(new_ds)))
             rows.append((f"items alone, token {name} ({len(order)} items)",
@@ -159,30 +203,41 @@ def main() -> int:
                 rows.append(("  noise floor: before / before, token windows",
                              *interleaved(args.rounds, lambda: token_batches(old_ds, order),
                                           lambda: token_batches(old_ds, order))))
-        for name, kw in (("window of 2048", {"seq_len": 2048}), ("document", {})):
-            per_item = []
-            for ds in (TokenDataset(path, **kw), MappedTokens(path, **kw)):
-                idx = [int(i) for i in rng.permutation(len(ds))[:2000]]
-                best = min(timeit.repeat(lambda: [ds[i] for i in idx], number=5, repeat=15))
-                per_item.append(best / (5 * len(idx)) * 1e6)
-            micro.append(f"one token {name}: {per_item[0]:.2f} µs read, {per_item[1]:.2f} µs "
-                         f"as a view after an fstat ({per_item[0] - per_item[1]:+.2f} µs)")
-        paths = make_shards(d, 8, 250)
-        indexes = [load_index(p) for p in paths]
-        order = [(s, i) for s, ix in enumerate(indexes) for i in range(len(ix))]
-        random.Random(2).shuffle(order)
-        rows.append((f"global-shuffle reads ({len(order)} samples, local)",
-                     *interleaved(args.rounds, lambda: read_checked(paths, indexes, order),
-                                  lambda: read_before(paths, indexes, order))))
-        rows.append(("  noise floor: before / before, global-shuffle reads",
-                     *interleaved(args.rounds, lambda: read_before(paths, indexes, order),
-                                  lambda: read_before(paths, indexes, order))))
+        for name, kw in () if args.part == "shuffle" else (
+                ("window of 2048", {"seq_len": 2048}), ("document", {})):
+            new_ds, old_ds = TokenDataset(path, **kw), MappedTokens(path, **kw)
+            idx = [int(i) for i in rng.permutation(len(new_ds))[:2000]]
+            per_item = interleaved(args.rounds * 2, lambda: items_dropped(new_ds, idx),
+                                   lambda: items_dropped(old_ds, idx))
+            micro.append(f"one token {name} alone: {per_item[0] / len(idx) * 1e6:.2f} µs read, "
+                         f"{per_item[1] / len(idx) * 1e6:.2f} µs as a view after an fstat "
+                         f"(medians; {per_item[0] / per_item[1]:.3f}x)")
+            if kw:
+                rows_buf = np.empty((BATCH, 2048), new_ds.dtype)
+                per_item = interleaved(args.rounds * 2,
+                                       lambda: items_into_rows(new_ds, idx, rows_buf),
+                                       lambda: items_into_rows(old_ds, idx, rows_buf))
+                micro.append(f"one token {name} into a batch row: "
+                             f"{per_item[0] / len(idx) * 1e6:.2f} µs getitem_into, "
+                             f"{per_item[1] / len(idx) * 1e6:.2f} µs view + copy "
+                             f"(medians; {per_item[0] / per_item[1]:.3f}x)")
+        if args.part != "tokens":
+            paths = make_shards(d, 8, 250)
+            indexes = [load_index(p) for p in paths]
+            order = [(s, i) for s, ix in enumerate(indexes) for i in range(len(ix))]
+            random.Random(2).shuffle(order)
+            rows.append((f"global-shuffle reads ({len(order)} samples, local)",
+                         *interleaved(args.rounds, lambda: read_checked(paths, indexes, order),
+                                      lambda: read_before(paths, indexes, order))))
+            rows.append(("  noise floor: before / before, global-shuffle reads",
+                         *interleaved(args.rounds, lambda: read_before(paths, indexes, order),
+                                      lambda: read_before(paths, indexes, order))))
     print("| path | checked (s, median) | before (s, median) | checked / before, median | "
           "fastest rounds |\n|---|---:|---:|---:|---:|")
     for name, new_t, old_t, new_min, old_min in rows:
         print(f"| {name} | {new_t:.4f} | {old_t:.4f} | {new_t / old_t:.3f} | "
               f"{new_min / old_min:.3f} |")
-    print("\nFastest of 15 repeats, 2000 random items each (wall-clock):\n" + "\n".join(micro))
+    print("\nOne item, 2000 random items a round, CPU time:\n" + "\n".join(micro))
     return 0
 
 

@@ -24,7 +24,8 @@ batch 256, 2 persistent workers, PooledLoader + WebDataset. Parts:
 - ``checks`` (issue 35): the cost of the checks added to a cache hit (an ``O_NOFOLLOW|
   O_NONBLOCK`` open, owner/links/size checks, the record in ``.locks/KEY``, mtime through the
   descriptor) and to opening a local shard (regular files only), against copies of the paths
-  before them (a plain open, ``flock``, ``stat``, ``utime`` of the path; a plain ``open``); and
+  before them (79c5d7b: the cache name made per open, a plain open, ``flock``, ``stat``,
+  ``utime`` of the path; a plain ``open``); and
   of HTTP streaming with the header deadline and the minimum rate (one socket read at a time)
   against ``urllib``'s plain opener and ``HTTPResponse.readinto``. All in the main process,
   variants alternating per round, rates per CPU-second of the main process
@@ -266,9 +267,20 @@ def _same_order_hits(nshards: int, capacity: int, epochs: int) -> float:
     return hits / reads
 
 
-def _old_pin(self, url, key, path, size, sha256=None, *, locked=False):
-    """The cache-hit path before issue 35 (for ``checks``): no link, FIFO, owner or record
-    check, mtime set through the path."""
+def _old_open(self, url, *, size=None, sha256=None, wait=True):
+    """``ShardCache.open`` before issue 35 (79c5d7b), its hit path copied: the cache name made
+    from the URL on every open, then ``_old_pin``; a miss goes the current way."""
+    from pooled_loader.shard_cache import cache_key
+    shard = _old_pin(self, url, os.path.join(self.dir, cache_key(url)), size)
+    if shard is not None:
+        self.stats["hits"] += 1
+        return shard
+    return _NEW_OPEN(self, url, size=size, sha256=sha256, wait=wait)
+
+
+def _old_pin(self, url, path, size):
+    """The cache-hit path before issue 35 (79c5d7b's ``_pin``, for ``checks``): no link, FIFO,
+    owner or record check, mtime set through the path."""
     import fcntl
 
     from pooled_loader.shard_cache import CachedShard
@@ -310,6 +322,9 @@ class _ReadintoBody:
         self.readinto = resp.readinto
 
 
+_NEW_OPEN = None  # ShardCache.open as this branch has it (set by part_checks)
+
+
 def _alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
     """{name: [rate per round]}: each round runs every variant once, the order alternating."""
     rates: dict[str, list[float]] = {name: [] for name in variants}
@@ -323,8 +338,10 @@ def _alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
 def part_checks(shards, total, augment, args, tmp) -> None:
     from pooled_loader import global_shuffle, remote
     from pooled_loader.shard_cache import ShardCache
+    global _NEW_OPEN
     proc, base = start_server(os.path.dirname(shards[0]))
-    new_pin, new_body, new_local = ShardCache._pin, remote._Body, remote._open_local
+    new_open, new_body, new_local = ShardCache.open, remote._Body, remote._open_local
+    _NEW_OPEN = new_open
     new_opener = remote._opener_with_deadline
     try:
         urls = [f"{base}/{os.path.basename(s)}" for s in shards]
@@ -333,15 +350,16 @@ def part_checks(shards, total, augment, args, tmp) -> None:
         for u in urls:
             cache.open(u).close()
 
-        def with_pin(pin, fn):
-            """``fn`` run with the hit path ``pin`` (and, for the old one, the old local open)."""
+        def with_pin(opener, fn):
+            """``fn`` run with the hit path ``opener`` (and, for the old one, the old local
+            open)."""
             def run():
-                ShardCache._pin = pin
-                remote._open_local = new_local if pin is new_pin else _old_open_local
+                ShardCache.open = opener
+                remote._open_local = new_local if opener is new_open else _old_open_local
                 try:
                     return fn()
                 finally:
-                    ShardCache._pin, remote._open_local = new_pin, new_local
+                    ShardCache.open, remote._open_local = new_open, new_local
             return run
 
         def hits(n=3000):
@@ -351,8 +369,8 @@ def part_checks(shards, total, augment, args, tmp) -> None:
             return n / (time.process_time() - t)
 
         print("\n## checks: cache hits per CPU-second (in-process)")
-        table(_alternate({"before (plain open)": with_pin(_old_pin, hits),
-                          "checked (issue 35)": with_pin(new_pin, hits)}, args.rounds * 3),
+        table(_alternate({"before (plain open)": with_pin(_old_open, hits),
+                          "checked (issue 35)": with_pin(new_open, hits)}, args.rounds * 3),
               "before (plain open)")
 
         global_shuffle.OPEN_SHARDS = 1
@@ -367,8 +385,8 @@ def part_checks(shards, total, augment, args, tmp) -> None:
 
             print(f"\n## checks: global shuffle from the warm cache, one pinned shard, "
                   f"{label} (samples per CPU-second, in-process)")
-            table(_alternate({"before (plain open)": with_pin(_old_pin, epoch),
-                              "checked (issue 35)": with_pin(new_pin, epoch)}, args.rounds),
+            table(_alternate({"before (plain open)": with_pin(_old_open, epoch),
+                              "checked (issue 35)": with_pin(new_open, epoch)}, args.rounds),
                   "before (plain open)")
 
         plain = urllib.request.build_opener()  # what urlopen used before issue 35
@@ -393,7 +411,7 @@ def part_checks(shards, total, augment, args, tmp) -> None:
                          args.rounds * 2),
               "readinto (before)")
     finally:
-        ShardCache._pin, remote._Body, remote._open_local = new_pin, new_body, new_local
+        ShardCache.open, remote._Body, remote._open_local = new_open, new_body, new_local
         remote._opener_with_deadline = new_opener
         proc.kill()
         proc.wait()
