@@ -15,7 +15,8 @@ from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torchvision import datasets, tv_tensors  # noqa: E402
 from torchvision import transforms as v1  # noqa: E402
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file, read_image  # noqa: E402
+from torchvision.io import (ImageReadMode, decode_image, decode_jpeg, read_file,  # noqa: E402
+                            read_image)
 from torchvision.transforms import v2  # noqa: E402
 
 import imgutil  # noqa: E402
@@ -199,8 +200,8 @@ def test_what_is_not_torchvisions_recipe_runs_as_it_is(jpegs, case):
     crop = v2.Compose([v2.RandomResizedCrop(48), v2.RandomHorizontalFlip()])
     ds = {
         "lambda": lambda: datasets.ImageFolder(jpegs, loader=_own_loader, transform=crop),
-        "exif applied": lambda: datasets.ImageFolder(jpegs, transform=crop, loader=functools.partial(
-            decode_image, apply_exif_orientation=True)),
+        "exif applied": lambda: datasets.ImageFolder(jpegs, transform=crop, loader=(
+            functools.partial(decode_image, apply_exif_orientation=True))),
         "grey mode": lambda: datasets.ImageFolder(jpegs, transform=v2.Compose([
             v2.CenterCrop(48)]), loader=functools.partial(decode_image, mode=ImageReadMode.GRAY)),
         "v1 resize": lambda: datasets.ImageFolder(jpegs, loader=decode_image, transform=v1.Compose(
@@ -208,15 +209,7 @@ def test_what_is_not_torchvisions_recipe_runs_as_it_is(jpegs, case):
         "switched off": lambda: datasets.ImageFolder(jpegs, loader=decode_image, transform=crop),
     }[case]()
     assert translate(ds) is None or case == "switched off"
-    kw = dict(batch_size=3, num_workers=0)
-    torch.manual_seed(0)
-    want = list(DataLoader(ds, **kw))
-    torch.manual_seed(0)
-    loader = PooledLoader(ds, accelerate_transforms=case != "switched off", **kw)
-    got = list(loader)
-    for (xa, ya), (xb, yb) in zip(want, got):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)  # bit for bit: torchvision's path
-    assert "transforms" not in loader.stats()
+    imgutil.assert_runs_as_torchvision(ds, accelerate=case != "switched off")
 
 
 class DecodeJpegRecipe(Dataset):

@@ -107,7 +107,8 @@ def pipelines(root: str) -> dict:
 
 def _cpu_s() -> float:
     """CPU seconds of this process and of its reaped children (the loaders' workers)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
