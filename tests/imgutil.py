@@ -69,3 +69,22 @@ def make_folder(root: str, n_per_class: int = 4, classes: tuple[str, ...] = ("ca
                                jpeg(name, size, quality=75 + 5 * (k % 4))))
             k += 1
     return paths
+
+
+def assert_runs_as_torchvision(ds, accelerate: bool = True) -> None:
+    """PooledLoader gives DataLoader's batches bit for bit (torchvision's own path: nothing
+    fused, no ``transforms`` in its stats), in-process, from the same seed."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pooled_loader import PooledLoader
+    kw = dict(batch_size=3, num_workers=0, shuffle=False)
+    torch.manual_seed(0)
+    want = list(DataLoader(ds, **kw))
+    torch.manual_seed(0)
+    loader = PooledLoader(ds, accelerate_transforms=accelerate, **kw)
+    got = list(loader)
+    assert len(got) == len(want)
+    for (xa, ya), (xb, yb) in zip(want, got):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert "transforms" not in loader.stats()

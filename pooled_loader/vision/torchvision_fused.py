@@ -2,8 +2,9 @@
 
 :func:`translate` recognises a dataset whose samples can be made here exactly as torchvision
 makes them: a ``torchvision.datasets.ImageFolder``/``DatasetFolder`` with the default (PIL)
-loader whose ``__getitem__`` is torchvision's own, or a ``pooled_loader.vision.ImageFolder``,
-with a v1 or v2 ``Compose`` as ``transform``. It returns a :class:`FusedFolder` that the
+loader or ``torchvision.io.decode_image`` (torchvision's uint8 recipe: see :func:`tensor_loader`)
+whose ``__getitem__`` is torchvision's own, or a ``pooled_loader.vision.ImageFolder``, with a v1
+or v2 ``Compose`` as ``transform``. It returns a :class:`FusedFolder` that the
 loader's workers use in its place (the user's dataset object is not changed); anything else
 runs as it is. The Compose is read by ``torchvision_plan.read_plan``.
 
@@ -25,6 +26,7 @@ state restored to what it was before the fused draws, so the sequence of draws i
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -47,26 +49,58 @@ class _Fallback(Exception):
     """This sample is made by the dataset's own ``__getitem__``."""
 
 
-def _source(dataset: Any) -> tuple[Any, str]:
-    """(transform, "") when ``dataset`` is a folder dataset we can read, else (None, why), why
-    being "" for a dataset that is not a folder dataset at all."""
+def _source(dataset: Any) -> tuple[Any, str, tuple | None]:
+    """(transform, "", start) when ``dataset`` is a folder dataset we can read, else (None,
+    why, None), why being "" for a dataset that is not a folder dataset at all. ``start`` is
+    None for a PIL loader, or the JPEG colour spaces a ``decode_image`` loader's mode gives as
+    RGB (``tensor_loader``)."""
     from pooled_loader.vision.folder import ImageFolder as PooledFolder
     if isinstance(dataset, PooledFolder):
         if type(dataset).__getitem__ is not PooledFolder.__getitem__:
-            return None, "its __getitem__ is overridden"
-        return dataset.transform, ""
+            return None, "its __getitem__ is overridden", None
+        return dataset.transform, "", None
     folder = sys.modules.get("torchvision.datasets.folder")
     if folder is None or not isinstance(dataset, folder.DatasetFolder):
-        return None, ""  # another dataset (CIFAR10, ...): nothing to say
+        return None, "", None  # another dataset (CIFAR10, ...): nothing to say
     if type(dataset).__getitem__ is not folder.DatasetFolder.__getitem__ or \
             getattr(type(dataset), "__getitems__", None) is not None:
-        return None, "its __getitem__ is overridden"
+        return None, "its __getitem__ is overridden", None
     import torchvision
     loader = getattr(dataset, "loader", None)
-    if not (loader is folder.pil_loader or (loader is folder.default_loader
-                                            and torchvision.get_image_backend() == "PIL")):
-        return None, f"its loader {getattr(loader, '__name__', loader)!r} is not the default one"
-    return dataset.transform, ""
+    if loader is folder.pil_loader or (loader is folder.default_loader
+                                       and torchvision.get_image_backend() == "PIL"):
+        return dataset.transform, "", None
+    spaces = tensor_loader(loader)
+    if spaces is None:
+        return None, (f"its loader {getattr(loader, '__name__', loader)!r} is neither the "
+                      f"default one nor torchvision.io.decode_image"), None
+    return dataset.transform, "", spaces
+
+
+def tensor_loader(loader: Any) -> tuple[str, ...] | None:
+    """The JPEG colour spaces whose decode by ``loader`` we reproduce exactly, when it is
+    torchvision's ``decode_image`` or ``read_image`` (or a ``functools.partial`` of one giving
+    only ``mode`` UNCHANGED or RGB and ``apply_exif_orientation=False``); else None. Both decode
+    with libjpeg-turbo as ours does (tests/test_torchvision_recipe.py compares the pixels); a
+    YCbCr JPEG gives RGB in either mode, a grey one 1 channel unchanged (left to torchvision)
+    and libjpeg's grey-to-RGB in mode RGB. CMYK/RGB/YCCK JPEGs, PNGs and the rest run as
+    torchvision's own decode (the sample's fallback), and so does EXIF: neither applies it."""
+    image = sys.modules.get("torchvision.io.image")
+    if image is None:
+        return None
+    kwargs: dict = {}
+    if isinstance(loader, functools.partial) and not loader.args:
+        loader, kwargs = loader.func, dict(loader.keywords)
+    if loader is not image.decode_image and loader is not image.read_image:
+        return None
+    mode = kwargs.pop("mode", image.ImageReadMode.UNCHANGED)
+    if kwargs.pop("apply_exif_orientation", False) is not False or kwargs:
+        return None
+    if isinstance(mode, str):
+        mode = image.ImageReadMode.__members__.get(mode.upper())
+    if mode is image.ImageReadMode.UNCHANGED:
+        return ("YCbCr",)
+    return ("YCbCr", "Gray") if mode is image.ImageReadMode.RGB else None
 
 
 def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | None, str | None]:
@@ -76,10 +110,14 @@ def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | No
     if "torchvision" not in sys.modules and type(dataset).__module__.split(".")[0] != \
             "pooled_loader":
         return None, None
-    transform, why = _source(dataset)
+    transform, why, spaces = _source(dataset)
     if transform is None and not why:
         return None, None
-    plan = tp.read_plan(transform) if transform is not None else None
+    plan = None
+    if transform is not None:
+        plan = tp.read_plan(transform, "pil" if spaces is None else "u8")
+        if plan is not None and spaces is not None:
+            plan.colorspaces = spaces
     fused = None
     if plan is None:
         if tp.compose_ops(transform) is None and not why:
@@ -173,6 +211,9 @@ class FusedFolder:
         except SampleError:
             raise _Fallback from None  # torchvision's loader raises (or opens it) its own way
         plan = self.plan
+        if plan.start == "u8" and not (hdr.turbo and hdr.frame is not None
+                                       and hdr.frame.colorspace in plan.colorspaces):
+            raise _Fallback  # decode_image's own output (channels, colour conversion)
         saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None)
         geo = _draw(plan, hdr.height, hdr.width)
         if geo is None:

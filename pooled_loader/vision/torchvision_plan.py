@@ -12,7 +12,10 @@ default loader gives), ``u8`` (a uint8 CHW tensor, after ``PILToTensor``/``ToIma
 ``float`` (after ``ToTensor``/``ToDtype``/``ConvertImageDtype``, with ``Normalize`` folded in as
 a per-channel affine map ``v * mul + add`` of the uint8 value ``v``). Geometry runs only on
 ``pil`` and ``u8`` images, the colour jitter only on ``pil`` ones (on a tensor torchvision's
-own op is as fast as ours).
+own op is as fast as ours); a resize of a ``u8`` tensor only as v2 does it (v2 resizes uint8
+natively, v1 in float32 and rounds: a v1 resize of a tensor ends the prefix). A folder whose
+loader is ``torchvision.io.decode_image`` starts in the ``u8`` state (``read_plan(...,
+start="u8")``): torchvision's uint8 recipe.
 
 Random parameters are drawn as the ops draw them, from the same RNG (torch's global one, or
 Python's ``random`` for timm's crop) in the same order as under DataLoader: by the op's own
@@ -53,6 +56,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     rest: list[Any] = field(default_factory=list)
     state: str = "pil"  # where the prefix leaves the image: "pil", "u8" or "float"
+    start: str = "pil"  # what the dataset's loader gives: "pil" (PIL) or "u8" (decode_image)
+    colorspaces: tuple[str, ...] = ()  # start "u8": the JPEG colour spaces decoded fused
     image_type: bool = False  # a tv_tensors.Image (v2 ToImage) rather than a plain tensor
     mul: tuple[float, ...] = (1.0, 1.0, 1.0)  # float state: value = v * mul + add per channel
     add: tuple[float, ...] = (0.0, 0.0, 0.0)
@@ -113,6 +118,7 @@ def _classes() -> dict:
         v1.ConvertImageDtype: (CONVERT, "v1"), v1.Normalize: (CONVERT, "v1"),
         v2.PILToTensor: (CONVERT, "v2"), v2.ToImage: (CONVERT, "v2"),
         v2.ToDtype: (CONVERT, "v2"), v2.Normalize: (CONVERT, "v2"),
+        v2.ToPureTensor: (CONVERT, "v2"),
     }
     try:  # timm's training crop and its ToTensor (only when timm is already imported)
         import sys
@@ -140,8 +146,8 @@ class _Reader:
     """Walks the ops, updating the plan; ``take`` returns False for the first op that does not
     map (with ``plan.why_stopped`` saying why)."""
 
-    def __init__(self) -> None:
-        self.plan = Plan()
+    def __init__(self, start: str) -> None:
+        self.plan = Plan(state=start, start=start)
         self.table = _classes()
         self.resized = False  # a resize (or crop) has been taken
         self.cropped = False
@@ -186,6 +192,8 @@ class _Reader:
             return self.stop(f"a second resize ({type(op).__name__})")
         if not _bilinear(op) or (plan.state == "u8" and getattr(op, "antialias", True) is not True):
             return self.stop(f"{type(op).__name__}: only bilinear (antialiased) resizing is fused")
+        if plan.state == "u8" and version == "v1":  # v1 resizes a uint8 tensor in float32
+            return self.stop(f"{type(op).__name__} (v1) of a tensor is left to torchvision")
         size = _pair(op.size) if kind == RESIZED_CROP else None
         if kind == RESIZED_CROP and size is None:
             return self.stop("RandomResizedCrop: size not understood")
@@ -221,6 +229,10 @@ class _Reader:
         elif cls is v2.ToImage:
             plan.state = "u8" if plan.state == "pil" else plan.state
             plan.image_type = True
+        elif cls is v2.ToPureTensor:
+            if plan.state == "pil":
+                return self.stop("ToPureTensor of a PIL image")
+            plan.image_type = False
         elif cls in (v1.ConvertImageDtype, v2.ToDtype):
             dtype = op.dtype
             scale = True if cls is v1.ConvertImageDtype else op.scale
@@ -251,18 +263,21 @@ class _Reader:
         return True
 
 
-def read_plan(transform: Any) -> Plan | None:
-    """The plan for a torchvision ``Compose``; None when nothing of it can be fused (not a
-    Compose, or its first op does not map)."""
+def read_plan(transform: Any, start: str = "pil") -> Plan | None:
+    """The plan for a torchvision ``Compose`` applied to what the loader gives (``start``: a
+    PIL image, or "u8", a uint8 CHW tensor); None when nothing of it can be fused (not a
+    Compose, or its first op does not map; from a tensor, no resize or crop to fuse)."""
     ops = compose_ops(transform)
     if ops is None:
         return None
-    reader = _Reader()
+    reader = _Reader(start)
     for i, op in enumerate(ops):
         if not reader.take(op):
             reader.plan.rest = ops[i:]
             break
     plan = reader.plan
+    if start == "u8":  # fusing the decode alone of a whole image saves nothing
+        return plan if plan.geometry else None
     return plan if plan.steps or plan.state != "pil" else None
 
 

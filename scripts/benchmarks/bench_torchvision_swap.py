@@ -10,17 +10,20 @@ Rows (each an ImageFolder over the same JPEGs, batch 256, 2 workers, shuffled):
 - v2 float: ``datasets.ImageFolder`` + ``v2.Compose([RandomResizedCrop(224),
   RandomHorizontalFlip(), ToImage(), ToDtype(float32, scale=True), Normalize(...)])``
 - v1 float: the same with v1 transforms (``ToTensor``)
-- uint8: the same crop and flip to uint8 (``PILToTensor``) under PooledLoader, against
-  DataLoader running torchvision's fast recipe (file bytes, ``torchvision.io.decode_jpeg``,
-  v2 ops on uint8 tensors); also that recipe's own dataset under PooledLoader (it is not an
-  ImageFolder, so it runs as it is)
+- uint8 recipe (decode_image): torchvision's fast uint8 recipe as its docs write it,
+  ``datasets.ImageFolder(root, loader=torchvision.io.decode_image, transform=v2.Compose(
+  [RandomResizedCrop(224), RandomHorizontalFlip()]))``: recognised, run fused
+- uint8 recipe (hand-written): the same recipe as a custom Dataset whose ``__getitem__`` does
+  ``read_file`` + ``decode_jpeg`` + the v2 ops: not recognisable, runs as it is
 - timm: ``timm.data.create_transform(224, is_training=True)`` (adds ColorJitter)
 - hand-written: ``pooled_loader.vision`` (DecodeImage, RandomResizedCrop, flip, ToCHW,
   Normalize) under PooledLoader, against the unchanged v2 float pipeline under PooledLoader
 
 Each round runs every pair, the two loaders alternating which goes first; a loader runs one
 untimed epoch (worker start, first-batch sizing) then one timed epoch. The figure per row is the
-median over rounds of the per-round ratio. The machine this was written on is shared (2 cores,
+median over rounds of the per-round ratio; beside it, each loader's CPU seconds per sample over
+its two epochs (main process + its worker processes, from ``getrusage``), a steadier figure than
+wall-clock time when other jobs share the cores. The machine this was written on is shared (2 cores,
 other jobs): compare the ratios, not the images/s. Printed first, because CPU time is steadier
 than wall-clock time on a shared machine: a jitter micro-benchmark (ours vs Pillow's three
 ``ImageEnhance`` calls on a 224x224 image) and each row's CPU milliseconds per sample in this
@@ -30,7 +33,9 @@ workers run, writing into a reused row as they write into the slot).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import resource
 import statistics
 import sys
 import time
@@ -74,6 +79,7 @@ def pipelines(root: str) -> dict:
     from torchvision import transforms as v1
     from torchvision.transforms import v2
     from timm.data import create_transform
+    from torchvision.io import decode_image
     from pooled_loader import vision
 
     v2f = datasets.ImageFolder(root, transform=v2.Compose([
@@ -82,8 +88,8 @@ def pipelines(root: str) -> dict:
     v1f = datasets.ImageFolder(root, transform=v1.Compose([
         v1.RandomResizedCrop(224), v1.RandomHorizontalFlip(), v1.ToTensor(),
         v1.Normalize(MEAN, STD)]))
-    u8 = datasets.ImageFolder(root, transform=v2.Compose([
-        v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()]))
+    u8 = datasets.ImageFolder(root, loader=decode_image, transform=v2.Compose([
+        v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()]))
     timm_ds = datasets.ImageFolder(root, transform=create_transform(224, is_training=True))
     hand = vision.ImageFolder(root, transform=vision.Compose([
         vision.DecodeImage(), vision.RandomResizedCrop(224), vision.RandomHorizontalFlip(),
@@ -92,15 +98,25 @@ def pipelines(root: str) -> dict:
     return {
         "v2 float": (v2f, v2f, "DataLoader"),
         "v1 float": (v1f, v1f, "DataLoader"),
-        "uint8 vs decode_jpeg recipe": (recipe, u8, "DataLoader"),
-        "decode_jpeg recipe as is": (recipe, recipe, "DataLoader"),
+        "uint8 recipe (decode_image)": (u8, u8, "DataLoader"),
+        "uint8 recipe (hand-written)": (recipe, recipe, "DataLoader"),
         "timm create_transform": (timm_ds, timm_ds, "DataLoader"),
         "hand-written vs unchanged v2": (v2f, hand, "PooledLoader"),
     }
 
 
-def one_epoch(make, expect: int) -> float:
-    """images/s of the second epoch of a fresh loader (the first is untimed)."""
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its reaped children (the loaders' workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def one_epoch(make, expect: int) -> tuple[float, float]:
+    """(images/s of the second epoch of a fresh loader (the first is untimed), CPU ms per
+    sample over both epochs, main process and workers)."""
+    gc.collect()
+    cpu0 = _cpu_s()
     loader = make()
     it_per_epoch = []
     for epoch in range(2):
@@ -110,8 +126,9 @@ def one_epoch(make, expect: int) -> float:
             n += len(images)
         it_per_epoch.append(n / (time.perf_counter() - t0))
         assert n == expect, (n, expect)
-    del loader
-    return it_per_epoch[1]
+    del loader, images
+    gc.collect()  # the workers are joined: their CPU time is in RUSAGE_CHILDREN
+    return it_per_epoch[1], (_cpu_s() - cpu0) / (2 * expect) * 1e3
 
 
 def cpu_per_sample(rows: dict, n: int = 200) -> None:
@@ -185,6 +202,7 @@ def main() -> None:
     kw = dict(batch_size=a.batch, num_workers=a.workers, shuffle=True)
     ratios: dict[str, list[float]] = {k: [] for k in rows}
     speeds: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
+    cpus: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
     for r in range(a.rounds):
         for name, (peer_ds, our_ds, peer_kind) in rows.items():
             peer_cls = DataLoader if peer_kind == "DataLoader" else PooledLoader
@@ -192,22 +210,28 @@ def main() -> None:
             if r % 2:
                 runs.reverse()
             got = {k: one_epoch(make, expect) for k, make in runs}
-            ratios[name].append(got["ours"] / got["peer"])
-            speeds[name].append((got["ours"], got["peer"]))
-            print(f"round {r} {name}: ours {got['ours']:.0f} img/s, peer ({peer_kind}) "
-                  f"{got['peer']:.0f} img/s, {got['ours'] / got['peer']:.2f}x", flush=True)
+            (ours, ours_cpu), (peer, peer_cpu) = got["ours"], got["peer"]
+            ratios[name].append(ours / peer)
+            speeds[name].append((ours, peer))
+            cpus[name].append((ours_cpu, peer_cpu))
+            print(f"round {r} {name}: ours {ours:.0f} img/s {ours_cpu:.2f} CPU ms/sample, "
+                  f"peer ({peer_kind}) {peer:.0f} img/s {peer_cpu:.2f} CPU ms/sample, "
+                  f"{ours / peer:.2f}x", flush=True)
     print(f"\n{expect} images, batch {a.batch}, {a.workers} workers, {a.rounds} rounds, "
           f"load average at the end {os.getloadavg()[0]:.1f} (shared machine)")
-    print("| pipeline | PooledLoader / peer (median) | per round | ours img/s | peer img/s |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| pipeline | PooledLoader / peer (median) | per round | ours img/s | peer img/s "
+          "| CPU ms/sample ours / peer |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in rows:
         rs = ratios[name]
         if not rs:  # --rounds 0: the CPU figures only
             continue
         ours = statistics.median(s[0] for s in speeds[name])
         peer = statistics.median(s[1] for s in speeds[name])
+        ours_cpu = statistics.median(c[0] for c in cpus[name])
+        peer_cpu = statistics.median(c[1] for c in cpus[name])
         print(f"| {name} | {statistics.median(rs):.2f}x | {', '.join(f'{x:.2f}' for x in rs)} "
-              f"| {ours:.0f} | {peer:.0f} |")
+              f"| {ours:.0f} | {peer:.0f} | {ours_cpu:.2f} / {peer_cpu:.2f} |")
 
 
 if __name__ == "__main__":
