@@ -184,3 +184,29 @@ def test_outside_the_worker_s_ragged_fetch_the_transform_gives_plain_arrays(tmp_
     loader = PooledLoader(ds, batch_size=2, num_workers=2,
                           collate_fn=mask_types)
     assert {name for batch in loader for name in batch} == {"ndarray"}
+
+
+def test_routed_torchvision_dataset_with_our_collate_gets_dataloader_s_masks(tmp_path):
+    """The routed path (FusedDetection) under detection_collate: its masks are deferred in the
+    worker and filled where it wraps them as tensors (not left deferred). ToPureTensor: a
+    batch of BoundingBoxes (instance attributes) cannot go through detection_collate."""
+    pytest.importorskip("pycocotools")
+    from torch.utils.data import DataLoader
+    from torchvision.transforms import v2
+
+    from test_detection import wrapped_coco
+    from test_detection_routing import annotated_only, zip_collate
+    img_dir, ann = annotated_only(*write_coco(tmp_path))
+    ds = wrapped_coco(img_dir, ann, [v2.ToImage(), v2.RandomIoUCrop(), v2.Resize((48, 64)),
+                                     v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes(),
+                                     v2.ToPureTensor()])
+    kw = dict(batch_size=2, num_workers=2, shuffle=True)
+    want = [t for _, ts in DataLoader(ds, generator=torch.Generator().manual_seed(7),
+                                      collate_fn=zip_collate, **kw) for t in ts]
+    loader = PooledLoader(ds, generator=torch.Generator().manual_seed(7),
+                          collate_fn=detection_collate(), **kw)
+    got = [t for _, ts in loader for t in per_image(ts)]
+    assert "transforms" in loader.stats() and len(got) == len(want) == 5
+    for a, b in zip(got, want):
+        assert torch.equal(a["masks"], b["masks"].as_subclass(torch.Tensor))
+        assert torch.equal(a["labels"], b["labels"])
