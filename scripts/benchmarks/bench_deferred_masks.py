@@ -11,7 +11,7 @@ masks are arrays, copied by the write; "deferred": the samples are made under
 ``deferred.accepted()`` (as a worker makes them for a pooled_loader.collate helper) and the
 write resamples them into the buffer. Both draw from the same seeds (the same crops), the
 order alternates between rounds; printed: process CPU-ms per sample (median of rounds) and the
-ratio, plus the bytes of masks per batch. The machine is shared: compare the ratio.
+ratio, minor page faults per sample, and the bytes of masks per batch. The machine is shared: compare the ratio.
 """
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 BATCH = 16
 
 
-def run(ds, collate, buf, defer: bool, seed: int) -> tuple[float, int, int]:
-    """(process CPU seconds, samples, mask bytes written) for one pass over ``ds``."""
+def run(ds, collate, buf, defer: bool, seed: int) -> tuple[float, int, int, int]:
+    """(process CPU seconds, samples, mask bytes written, minor page faults) for one pass."""
+    import resource
+
     import numpy as np
     import torch
 
@@ -38,7 +40,7 @@ def run(ds, collate, buf, defer: bool, seed: int) -> tuple[float, int, int]:
     torch.manual_seed(seed)
     np.random.seed(seed)
     n, mask_bytes = len(ds) // BATCH * BATCH, 0
-    start = time.process_time()
+    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
     for b in range(0, n, BATCH):
         if defer:
             with deferred.accepted():
@@ -48,7 +50,8 @@ def run(ds, collate, buf, defer: bool, seed: int) -> tuple[float, int, int]:
         p = ragged.plan(collate, samples)
         ragged.write(p, buf[:p.nbytes])
         mask_bytes += sum(int(np.prod(s[1]["masks"].shape)) for s in samples)
-    return time.process_time() - start, n, mask_bytes
+    return (time.process_time() - start, n, mask_bytes,
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 
 
 def main() -> None:
@@ -74,18 +77,21 @@ def main() -> None:
         collate = detection_collate()
         buf = np.ones(256 << 20, np.uint8)  # touched once, as a recycled slot's pages are
         cpu: dict[str, list[float]] = {"copied": [], "deferred": []}
+        faults: dict[str, list[float]] = {"copied": [], "deferred": []}
         run(ds, collate, buf, False, 0)  # warm-up: page cache, pycocotools, OpenCV
         run(ds, collate, buf, True, 0)
         masks = 0
         for r in range(args.rounds):
             for name in (("copied", "deferred") if r % 2 == 0 else ("deferred", "copied")):
-                s, n, masks = run(ds, collate, buf, name == "deferred", 1 + r)
+                s, n, masks, f = run(ds, collate, buf, name == "deferred", 1 + r)
                 cpu[name].append(s * 1000 / n)
+                faults[name].append(f / n)
         med = {k: statistics.median(v) for k, v in cpu.items()}
         print(f"mask bytes per batch of {BATCH}: {masks / (n / BATCH) / 1e6:.1f} MB")
         for k, v in cpu.items():
             print(f"{k}: CPU-ms per sample median {med[k]:.2f} (rounds "
-                  f"{', '.join(f'{x:.2f}' for x in v)})")
+                  f"{', '.join(f'{x:.2f}' for x in v)}); minor page faults per sample "
+                  f"{statistics.median(faults[k]):.0f}")
         print(f"deferred saves {med['copied'] - med['deferred']:.2f} CPU-ms a sample "
               f"({med['copied'] / med['deferred']:.3f}x)")
     print(f"load average at end: {os.getloadavg()}", flush=True)
