@@ -34,8 +34,8 @@ from .pool import SlotRef
 from .slot_collate import collate_metas, tensor_dtype
 
 MAX_CU_SEQLEN = 2**31 - 1  # cu_seqlens is int32 (FlashAttention's varlen layout)
-_ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool, DeferredArray)  # what a later sample's
-# array leaf may be (its kind, shape and dtype are checked by the form that takes it)
+# what a later sample's array leaf may be (its kind, shape and dtype are checked by the form)
+_ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool, DeferredArray)
 
 
 @dataclass

@@ -316,7 +316,8 @@ class DetectionCompose:
             found[kind] = (key, arr, fmt)
         return found
 
-    def _targets(self, target: dict, found: dict, g: Geometry, defer_masks: bool = False) -> dict:
+    def _targets(self, target: dict, found: dict, g: Geometry,
+                 defer_masks: bool = False) -> dict:
         out = dict(target)
         keep = None
         if "boxes" in found:

@@ -11,7 +11,8 @@ masks are arrays, copied by the write; "deferred": the samples are made under
 ``deferred.accepted()`` (as a worker makes them for a pooled_loader.collate helper) and the
 write resamples them into the buffer. Both draw from the same seeds (the same crops), the
 order alternates between rounds; printed: process CPU-ms per sample (median of rounds) and the
-ratio, minor page faults per sample, and the bytes of masks per batch. The machine is shared: compare the ratio.
+ratio, minor page faults per sample, and the bytes of masks per batch. The machine is shared:
+compare the ratio.
 """
 from __future__ import annotations
 
