@@ -203,8 +203,8 @@ class _AsList(RaggedCollate):
             _ragged.same_dtype(column, where)  # a tensor leaf's dtype name is the first one's
 
         def write(views: list[np.ndarray]) -> None:
-            for dst, a in zip(views, column):
-                dst[...] = a
+            for j, (dst, a) in enumerate(zip(views, column)):
+                _ragged.put(dst, a, where, j)
         node = ("seq", tuple, [("leaf", j) for j in range(len(column))])
         return leaves, write, node
 

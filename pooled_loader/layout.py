@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import trees
+from .deferred import DeferredArray
 from .constants import ALIGN, round_up
 
 _TORCH_TO_NUMPY = {
@@ -79,7 +80,7 @@ def leaf_of(value: Any, numbers: bool | str = False) -> Leaf | None:
             return None
         return Leaf("tensor", tuple(value.shape), str(value.dtype).split(".")[1],
                     None if cls is torch.Tensor else cls)
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+    if isinstance(value, (np.ndarray, DeferredArray)) and value.dtype.kind in "biufc":
         return Leaf("ndarray", tuple(value.shape), value.dtype.str)
     return None
 
@@ -115,7 +116,8 @@ def as_type(tensor: torch.Tensor, cls: type | None) -> torch.Tensor:
 
 
 def as_numpy(value: Any) -> np.ndarray:
-    """A numpy view (no copy) of a tensor or array leaf, in its storage dtype."""
+    """A numpy view (no copy) of a tensor or array leaf, in its storage dtype (a deferred array
+    as it is: it fills the slot itself)."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
         if value.device.type != "cpu":
@@ -124,6 +126,8 @@ def as_numpy(value: Any) -> np.ndarray:
             value = value.view(torch.int16)
             return value.numpy().view(np.uint16)
         return value.numpy()
+    if isinstance(value, DeferredArray):
+        return value  # type: ignore[return-value]
     return np.asarray(value)
 
 

@@ -26,14 +26,16 @@ import numpy as np
 import torch
 
 from .constants import ALIGN
+from .deferred import DeferredArray, FillFailed
+from .deferred import put as _put
 from .layout import Leaf, StructureMismatch, as_numpy, collated_spec, extract, flatten, place
 from .messages import BatchLayout
 from .pool import SlotRef
 from .slot_collate import collate_metas, tensor_dtype
 
 MAX_CU_SEQLEN = 2**31 - 1  # cu_seqlens is int32 (FlashAttention's varlen layout)
-_ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool)  # what a later sample's
-# array leaf may be (its kind, shape and dtype are checked by the form that takes it)
+# what a later sample's array leaf may be (its kind, shape and dtype are checked by the form)
+_ARRAYS = (np.ndarray, torch.Tensor, np.generic, int, float, bool, DeferredArray)
 
 
 @dataclass
@@ -150,6 +152,21 @@ def _replace_leaves(spec: Any, nodes: list) -> Any:
 def _where(where: tuple) -> str:
     collate, name, _ = where
     return f"{collate!r}, field {name!r}" if name is not None else f"{collate!r}"
+
+
+def put(dst: np.ndarray, value: Any, where: tuple, j: int) -> None:
+    """``dst[...] = value`` for sample ``j`` of the batch; a deferred array (`deferred.py`) fills
+    ``dst`` itself, and its failure is that sample's (`deferred.FillFailed`)."""
+    if not isinstance(value, DeferredArray):
+        dst[...] = value
+        return
+    try:
+        _put(dst, value)
+    except Exception as exc:
+        indices = where[2]
+        raise FillFailed(indices[j] if indices is not None else j,
+                         f"{_where(where)}: {_sample_name(indices, j)}: its deferred array "
+                         f"failed to fill: {type(exc).__name__}: {exc}") from exc
 
 
 def same_dtype(column: list[np.ndarray], where: tuple) -> None:

@@ -24,6 +24,7 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.graph_settings import apply_random_seed
 
 from .constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
+from .deferred import FillFailed, accepted
 from .interrupts import ignore_sigint_in_worker
 from .layout import Leaf
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
@@ -318,7 +319,11 @@ class BatchMaker(SlotCollate):
                     return self._collated(task_id, self.cfg.collate_fn(sample), ref, 1)
                 return self._write_tree(task_id, sample, ref, convert=True)
         if self.cfg.collate_fn is not None:
-            return self._write_collated(task_id, self._timed_batch(payload), payload, ref)
+            if not self.ragged:
+                return self._write_collated(task_id, self._timed_batch(payload), payload, ref)
+            with accepted():  # the helper fills deferred arrays straight into the slot
+                samples = self._timed_batch(payload)
+            return self._write_collated(task_id, samples, payload, ref)
         if self.getitems is not None:
             samples = self._timed_batch(payload)
             with CLOCK.timing("collate"):
@@ -347,9 +352,13 @@ class BatchMaker(SlotCollate):
         (`pooled_loader.ragged`)."""
         with CLOCK.timing("collate"):
             if self.ragged:
-                return self.cfg.collate_fn.pooled_layout(
-                    samples, indices, ref, self.arenas.slot,
-                    lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+                try:
+                    return self.cfg.collate_fn.pooled_layout(
+                        samples, indices, ref, self.arenas.slot,
+                        lambda nbytes, old: self.request_slot(task_id, nbytes, old))
+                except FillFailed as exc:  # a sample's error, as if its __getitem__ raised it
+                    self.current_index = exc.index
+                    raise SampleFailure(exc.index) from exc.__cause__
             self.current_index = None  # a collate error is no sample's
             return self._collated(task_id, self.cfg.collate_fn(samples), ref, len(samples))
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pooled_loader.deferred import accepting
 from pooled_loader.errors import SampleError
 from pooled_loader.safe_open import open_regular
 
@@ -232,6 +233,8 @@ class CocoDetection:
             target = self.target(index, lazy_masks=self.transform is not None)
             if self.transform is None:
                 return data, target
+            if accepting() and getattr(self.transform, "defers_masks", False):
+                return self.transform(data, target, defer_masks=True)
             return self.transform(data, target)
         except SampleError as e:
             raise SampleError(f"{path}: {e}") from e

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pooled_loader.deferred import DeferredArray
 from pooled_loader.vision.base import Spec, fits
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.decode import DecodeImage, decode_into, read_header
@@ -177,6 +178,16 @@ def _kind(key: Any, value: Any) -> str | None:
     return key if key in ("boxes", "masks", "keypoints") else None
 
 
+def _deferred_masks(g: Geometry, masks: Any, select: np.ndarray | None) -> Any:
+    """``g.masks(masks, select=select)`` as a DeferredArray: resampled (RLEs decoded) straight
+    into the slot, the source kept only until then; a mask of the wrong size raises now."""
+    if masks.ndim not in (2, 3) or tuple(masks.shape[-2:]) != g.source:
+        return g.masks(masks, select=select)  # raises, naming the shapes
+    n = masks.shape[0] if select is None else len(select)
+    shape = g.mask_shape((n, *masks.shape[1:]) if masks.ndim == 3 else masks.shape)
+    return DeferredArray(shape, masks.dtype, lambda out: g.masks(masks, out, select=select))
+
+
 class DetectionCompose:
     """Chain detection ops; ``compose(image, target=None, out=None) -> (image, target)``.
 
@@ -187,6 +198,8 @@ class DetectionCompose:
     ``SanitizeBoundingBoxes``, ``ToCHW``, ``Normalize``. ``box_format`` names the format of
     boxes given as plain arrays (integer boxes stay integers, truncated after each resize).
     """
+
+    defers_masks = True  # __call__ takes defer_masks= (read by CocoDetection)
 
     def __init__(self, ops: Sequence[Any], box_format: str = "XYXY") -> None:
         self.ops = list(ops)
@@ -255,8 +268,11 @@ class DetectionCompose:
 
     # -- running
 
-    def __call__(self, image: Any, target: dict | None = None,
-                 out: np.ndarray | None = None) -> tuple[np.ndarray, dict | None]:
+    def __call__(self, image: Any, target: dict | None = None, out: np.ndarray | None = None,
+                 defer_masks: bool = False) -> tuple[np.ndarray, dict | None]:
+        """``defer_masks``: masks come out as a ``pooled_loader.deferred.DeferredArray``,
+        resampled when the ragged collate fills the slot with them (``CocoDetection`` asks for
+        it while the batch's collate accepts them)."""
         if os.getpid() != self._pid:
             self._reset()
         img = self._source(image)
@@ -266,7 +282,8 @@ class DetectionCompose:
         g = self.draw(canvas, None if boxes is None else to_xyxy(boxes[1], boxes[2]),
                       boxes is not None and boxes[1].dtype.kind in "iu")
         result = self._render(img, g, out)
-        return result, (None if target is None else self._targets(target, found, g))
+        return result, (None if target is None else self._targets(target, found, g,
+                                                                   defer_masks))
 
     def _source(self, image: Any) -> np.ndarray:
         if self._decode:
@@ -299,7 +316,8 @@ class DetectionCompose:
             found[kind] = (key, arr, fmt)
         return found
 
-    def _targets(self, target: dict, found: dict, g: Geometry) -> dict:
+    def _targets(self, target: dict, found: dict, g: Geometry,
+                 defer_masks: bool = False) -> dict:
         out = dict(target)
         keep = None
         if "boxes" in found:
@@ -323,7 +341,8 @@ class DetectionCompose:
             instance = arr.ndim == 3
             select = np.flatnonzero(keep) if keep is not None and instance and \
                 arr.shape[0] == n else None  # dropped masks are never read
-            out[key] = g.masks(arr, select=select)
+            out[key] = _deferred_masks(g, arr, select) if defer_masks else \
+                g.masks(arr, select=select)
         if "keypoints" in found:
             key, arr, _ = found["keypoints"]
             if keep is not None and arr.ndim >= 3 and arr.shape[0] == n:

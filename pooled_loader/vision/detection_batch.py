@@ -131,7 +131,7 @@ class DetectionCollate(RaggedCollate):
             out, counts = views
             out.fill(0)
             for j, a in enumerate(column):
-                out[(j, *(slice(0, n) for n in a.shape))] = a
+                _ragged.put(out[(j, *(slice(0, n) for n in a.shape))], a, where, j)
             counts[...] = shapes[:, 0]
         leaves = [values, Leaf("tensor", (len(column),), "int64")]
         return leaves, write, ("namedtuple", Counted, [("leaf", 0), ("leaf", 1)])

@@ -123,7 +123,7 @@ class FusedDetection:
                 out[key] = boxes if pure else tv_tensors.BoundingBoxes(
                     boxes, format="XYXY", canvas_size=tuple(image.shape[1:]))
             elif key == "masks":
-                masks = torch.from_numpy(value)
+                masks = torch.from_numpy(np.asarray(value))  # a DeferredArray filled here
                 out[key] = masks if pure else masks.as_subclass(tv_tensors.Mask)
             else:
                 out[key] = torch.from_numpy(value)
