@@ -51,13 +51,13 @@ class Plan:
     num_samples: int
 
 
-def _leaf_names(spec: tuple) -> dict[int, Any]:
-    """For each array leaf of a sample spec: the top-level key or index it sits under (None for
-    a sample that is a bare array)."""
+def _leaf_names(spec: tuple, kind: str = "leaf") -> dict[int, Any]:
+    """For each array leaf (``kind="meta"``: each object) of a sample spec: the top-level key or
+    index it sits under (None for a sample that is a bare array)."""
     names: dict[int, Any] = {}
 
     def walk(node: Any, top: Any) -> None:
-        if type(node) is tuple and node and node[0] == "leaf":
+        if type(node) is tuple and node and node[0] == kind:
             names[node[1]] = top
         elif type(node) is tuple and node and node[0] == "map":
             for key, child in zip(node[2], node[3]):
@@ -125,7 +125,7 @@ def plan(collate: Any, samples: list, indices: Sequence | None = None) -> Plan:
     offsets, total = place(out_leaves)
     out_spec = _replace_leaves(spec if collate.keeps_containers else collated_spec(spec), nodes)
     return Plan(spec=out_spec, leaves=list(zip(out_leaves, offsets)),
-                metas=collate_metas(spec, meta_columns), nbytes=total, writers=writers,
+                metas=_metas(collate, spec, meta_columns), nbytes=total, writers=writers,
                 counts=counts, num_samples=len(samples))
 
 
@@ -222,6 +222,18 @@ def write_batch(collate: Any, samples: list, indices: Sequence | None, ref: Slot
     write(p, slot_of(ref))
     return BatchLayout(ref=ref, spec=p.spec, leaves=p.leaves, metas=p.metas,
                        num_samples=p.num_samples)
+
+
+def _metas(collate: Any, spec: tuple, columns: list[list]) -> list:
+    """The batch's objects: DataLoader's default_collate of each column, except tensors the
+    pool does not hold (a tv_tensors.BoundingBoxes carries its format and canvas size) in a
+    ragged field: those stay one per sample, as the field's arrays do (default_collate would
+    stack them, and fail on the ragged shapes the field exists for)."""
+    names = _leaf_names(spec, "meta")
+    per_sample = {k for k, column in enumerate(columns)
+                  if (collate.ragged is None or names.get(k) in collate.ragged)
+                  and all(isinstance(v, torch.Tensor) and v.ndim > 0 for v in column)}
+    return collate_metas(spec, columns, per_sample)
 
 
 def collate_in_memory(collate: Any, samples: list) -> Any:

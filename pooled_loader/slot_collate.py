@@ -17,7 +17,7 @@ row-by-row collate) and its cache of the last structure seen (``_spec``, ``_leav
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
 
 import numpy as np
 import torch
@@ -266,12 +266,13 @@ class SlotCollate:
             np.copyto(dst, value, casting="no")
 
 
-def collate_metas(spec: tuple, columns: list[list]) -> list:
+def collate_metas(spec: tuple, columns: list[list], as_tuples: Collection[int] = ()) -> list:
     """default_collate of what the pool does not hold (strings, tensor subclasses, nested
-    tensors, ...), column by column, exactly as DataLoader does it: same results, same errors."""
+    tensors, ...), column by column, exactly as DataLoader does it: same results, same errors.
+    The columns numbered in ``as_tuples`` stay a tuple of their samples' objects."""
     in_sequence = metas_in_sequences(spec)
-    return [default_collate(tuple(column) if seq else column)
-            for column, seq in zip(columns, in_sequence)]
+    return [tuple(column) if k in as_tuples else default_collate(tuple(column) if seq else column)
+            for k, (column, seq) in enumerate(zip(columns, in_sequence))]
 
 
 def _leaf_check(first: Any, leaf: Leaf) -> Callable[[Any], np.ndarray]:

@@ -209,3 +209,32 @@ def test_a_file_the_fused_path_refuses_is_made_by_torchvision_with_the_same_draw
             same_target(ta, tb)
             if ta["image_id"] == 12:  # the symlinked file: torchvision's own pixels
                 assert torch.equal(xa, xb)
+
+
+@pytest.mark.parametrize("images", ["stack", "pad"])
+def test_torchvision_typed_targets_through_detection_collate_stay_per_image(tmp_path, images):
+    """The routed dataset's BoundingBoxes (format and canvas size as attributes: not a slot
+    leaf) with varying counts per image, collated by our detection_collate through 2 workers:
+    one BoundingBoxes per image, DataLoader's values; masks and labels per-image views."""
+    from pooled_loader.vision.detection_batch import detection_collate, per_image
+    img_dir, ann = annotated_only(*write_coco(tmp_path))
+    ds = wrapped_coco(img_dir, ann, PIPELINES["ssd"][0](), KEYS)
+    kw = dict(batch_size=3, num_workers=2, shuffle=True)
+    want = list(DataLoader(ds, generator=torch.Generator().manual_seed(3),
+                           collate_fn=zip_collate, **kw))
+    got = list(PooledLoader(ds, generator=torch.Generator().manual_seed(3),
+                            collate_fn=detection_collate(images=images), **kw))
+    assert len(got) == len(want)
+    counts = set()
+    for (_, targets_a), (_, targets_b) in zip(want, got):
+        assert isinstance(targets_b["boxes"], tuple)
+        for ta, tb in zip(targets_a, per_image(targets_b)):
+            counts.add(len(ta["boxes"]))
+            assert type(tb["boxes"]) is tv_tensors.BoundingBoxes
+            assert tuple(tb["boxes"].canvas_size) == tuple(ta["boxes"].canvas_size)
+            torch.testing.assert_close(tb["boxes"].as_subclass(torch.Tensor),
+                                       ta["boxes"].as_subclass(torch.Tensor), atol=1e-4, rtol=0)
+            assert torch.equal(tb["labels"], ta["labels"])
+            assert torch.equal(tb["masks"].as_subclass(torch.Tensor),
+                               ta["masks"].as_subclass(torch.Tensor))
+    assert len(counts) > 1  # the counts differ between images: the case that used to fail
