@@ -966,6 +966,147 @@ static PyObject *enhance(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* a chain of ImageEnhance ops in as few passes as the chain allows: brightness and contrast map
+ * each byte value on its own, so they are kept as one pending 256-entry table (composed, exact)
+ * and applied with the next pass that reads the pixels anyway: contrast's grey mean (a read
+ * pass), saturation's per-pixel blend (a read-write pass) or the final store, which writes the
+ * bytes back or, with `out`, the float32 values table[c][byte] straight into the output */
+static int64_t grey_sum_lut(const uint8_t *restrict r, const uint8_t *restrict g,
+                            const uint8_t *restrict bl, Py_ssize_t n, const uint8_t *lut) {
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) sum += grey_px(lut[r[i]], lut[g[i]], lut[bl[i]]);
+    return sum;
+}
+
+static PL_HOT int64_t grey_sum(const uint8_t *restrict r, const uint8_t *restrict g,
+                               const uint8_t *restrict bl, Py_ssize_t n) {
+    int64_t sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) sum += grey_px(r[i], g[i], bl[i]);
+    return sum;
+}
+
+#define MAX_CHAIN 16
+
+PyDoc_STRVAR(enhance_chain_doc,
+             "enhance_chain(img, ops, out=None, table=None) -> None\n"
+             "\n"
+             "ops: a sequence of up to 16 (kind, factor) pairs applied in order to the\n"
+             "C-contiguous (3, h, w) uint8 buffer img, each bit for bit as enhance(img, kind,\n"
+             "factor). Without out the result is left in img; with out (a C-contiguous\n"
+             "(3, h, w) float32 buffer) and table (C-contiguous (3, 256) float32), out[c, y, x] =\n"
+             "table[c, result[c, y, x]] and img holds intermediate bytes.");
+
+static PyObject *enhance_chain(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"img", "ops", "out", "table", NULL};
+    PyObject *img_obj, *ops_obj, *out_obj = Py_None, *table_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO", kwlist, &img_obj, &ops_obj, &out_obj,
+                                     &table_obj))
+        return NULL;
+    int kinds[MAX_CHAIN];
+    float alphas[MAX_CHAIN];
+    PyObject *seq = PySequence_Fast(ops_obj, "ops must be a sequence of (kind, factor) pairs");
+    if (!seq) return NULL;
+    const Py_ssize_t nops = PySequence_Fast_GET_SIZE(seq);
+    if (nops > MAX_CHAIN) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "enhance_chain: at most 16 ops");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nops; k++) {
+        double factor;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "id", &kinds[k], &factor) ||
+            kinds[k] < 0 || kinds[k] > 2) {
+            Py_DECREF(seq);
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "enhance_chain: each op is (kind 0, 1 or 2, factor)");
+            return NULL;
+        }
+        alphas[k] = (float)factor;
+    }
+    Py_DECREF(seq);
+    const int to_float = out_obj != Py_None;
+    if (to_float != (table_obj != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "enhance_chain: out and table go together");
+        return NULL;
+    }
+    Py_buffer b, ob, tb;
+    if (PyObject_GetBuffer(img_obj, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0)
+        return NULL;
+    if (b.ndim != 3 || b.shape[0] != 3 || !is_format(&b, 'B') || b.itemsize != 1) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "enhance_chain: img must be a (3, h, w) uint8 buffer");
+        return NULL;
+    }
+    const Py_ssize_t n = b.shape[1] * b.shape[2];
+    float *fout = NULL;
+    const float *table = NULL;
+    if (to_float) {
+        if (PyObject_GetBuffer(out_obj, &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        if (PyObject_GetBuffer(table_obj, &tb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+            PyBuffer_Release(&ob);
+            PyBuffer_Release(&b);
+            return NULL;
+        }
+        if (ob.ndim != 3 || ob.shape[0] != 3 || ob.shape[1] * ob.shape[2] != n ||
+            !is_format(&ob, 'f') || ob.itemsize != 4 || ((uintptr_t)ob.buf) % sizeof(float) ||
+            tb.ndim != 2 || tb.shape[0] != 3 || tb.shape[1] != 256 || !is_format(&tb, 'f') ||
+            tb.itemsize != 4 || ((uintptr_t)tb.buf) % sizeof(float)) {
+            PyBuffer_Release(&tb);
+            PyBuffer_Release(&ob);
+            PyBuffer_Release(&b);
+            PyErr_SetString(PyExc_ValueError, "enhance_chain: out must be an aligned float32 "
+                                              "buffer of img's shape, table (3, 256) float32");
+            return NULL;
+        }
+        fout = (float *)ob.buf;
+        table = (const float *)tb.buf;
+    }
+    uint8_t *r = (uint8_t *)b.buf, *g = r + n, *bl = g + n;
+    Py_BEGIN_ALLOW_THREADS;
+    uint8_t lut[256], tmp[256];
+    int identity = 1;
+    for (int v = 0; v < 256; v++) lut[v] = (uint8_t)v;
+    for (Py_ssize_t k = 0; k < nops; k++) {
+        if (kinds[k] == 2) {
+            /* the pending table first: the blend loop vectorises, with lookups in it not */
+            if (!identity)
+                for (Py_ssize_t i = 0; i < 3 * n; i++) r[i] = lut[r[i]];
+            if (n > 0) saturation_loop(r, g, bl, n, alphas[k]);
+            for (int v = 0; v < 256; v++) lut[v] = (uint8_t)v;
+            identity = 1;
+            continue;
+        }
+        int d = 0;
+        if (kinds[k] == 1 && n > 0) /* ImageStat's mean of the grey image, rounded */
+            d = (int)((double)(identity ? grey_sum(r, g, bl, n) : grey_sum_lut(r, g, bl, n, lut)) /
+                          (double)n + 0.5);
+        for (int v = 0; v < 256; v++) tmp[v] = blend_px(d, alphas[k], v);
+        for (int v = 0; v < 256; v++) lut[v] = tmp[lut[v]];
+        identity = 0;
+    }
+    if (fout) {
+        for (int c = 0; c < 3; c++) {
+            float t[256];
+            for (int v = 0; v < 256; v++) t[v] = table[c * 256 + lut[v]];
+            const uint8_t *restrict src = r + c * n;
+            float *restrict dst = fout + c * n;
+            for (Py_ssize_t i = 0; i < n; i++) dst[i] = t[src[i]];
+        }
+    } else if (!identity) {
+        for (Py_ssize_t i = 0; i < 3 * n; i++) r[i] = lut[r[i]];
+    }
+    Py_END_ALLOW_THREADS;
+    if (to_float) {
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&ob);
+    }
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyObject *set_isa(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
@@ -994,6 +1135,8 @@ static PyMethodDef methods[] = {
     {"crop_resize_flip_chw", (PyCFunction)(void (*)(void))crop_resize_flip_chw,
      METH_VARARGS | METH_KEYWORDS, crop_resize_flip_chw_doc},
     {"enhance", enhance, METH_VARARGS, enhance_doc},
+    {"enhance_chain", (PyCFunction)(void (*)(void))enhance_chain, METH_VARARGS | METH_KEYWORDS,
+     enhance_chain_doc},
     {NULL, NULL, 0, NULL},
 };
 
