@@ -13,10 +13,11 @@ Pillow): the compiled ``_kernels.enhance_chain`` (csrc/kernels.c), used when bui
 (a 256-entry table per call for brightness and contrast, float32 passes for saturation). The
 compiled one exists because numpy was not enough: a 224x224 image through brightness, contrast
 and saturation took 1.8 ms in numpy against 2.2 ms for Pillow's three ``enhance`` calls, which
-left timm's default training transform at ~1.1x DataLoader. It also writes the float32 result
-(ToTensor + Normalize as a per-channel table of the 256 byte values) in its last pass, so the
-jitter and the conversion cost two or three passes over the image instead of five; see
-BENCHMARKS.md (scripts/benchmarks/bench_torchvision_swap.py prints the jitter's time first).
+left timm's default training transform at ~1.1x DataLoader. It runs the whole chain a block
+of pixels at a time in vectorised loops and writes the float32 result (ToTensor + Normalize as
+``v * mul + add``) in its last pass: two passes over the image for timm's jitter instead of
+three jitter passes and two conversion passes; see BENCHMARKS.md
+(scripts/benchmarks/bench_torchvision_swap.py prints the jitter's time first).
 """
 from __future__ import annotations
 
@@ -95,20 +96,20 @@ def jitter_(img: np.ndarray, order: list[int], factors: tuple, scratch: Scratch,
 
 
 def jitter_into(img: np.ndarray, jitters: list[tuple[list[int], tuple]], scratch: Scratch,
-                out: np.ndarray | None = None, table: np.ndarray | None = None,
+                out: np.ndarray | None = None, mul: tuple = (1.0,) * 3, add: tuple = (0.0,) * 3,
                 compiled: bool = True) -> None:
     """Every ColorJitter of ``jitters`` ((order, factors) each, as :func:`jitter_` takes them)
-    on ``img`` in turn; then, with ``out`` (float32, img's shape) and ``table`` ((3, 256)
-    float32), ``out[c] = table[c][result[c]]`` (``img`` then holds intermediate bytes). The
-    compiled route makes one pass per contrast or saturation plus one store, brightness and
-    contrast being byte tables it composes; the bytes are the same as op after op."""
+    on ``img`` in turn, in place; or, with ``out`` (float32, img's shape), ``out[c] =
+    float32(result[c]) * mul[c] + add[c]`` in float32 (numpy's arithmetic), ``img`` then left
+    as it was (compiled) or holding the result (numpy). The compiled route runs the whole chain
+    per block of pixels: one read pass per contrast (its grey mean) and one pass that stores."""
     ops = []
     for order, factors in jitters:
         if factors[3] is not None:
             raise ValueError("hue is not supported here (it runs as torchvision's own op)")
         ops += [(fn, float(factors[fn])) for fn in order if fn < 3 and factors[fn] is not None]
     if compiled and _CHAIN is not None:
-        _CHAIN(img, ops, out, table)
+        _CHAIN(img, ops, out, mul, add)
         return
     for fn, factor in ops:
         if fn == 0:
@@ -118,5 +119,5 @@ def jitter_into(img: np.ndarray, jitters: list[tuple[list[int], tuple]], scratch
         else:
             saturation_(img, factor, scratch)
     if out is not None:
-        for c in range(3):
-            np.take(table[c], img[c], out=out[c])
+        np.multiply(img, np.asarray(mul, np.float32)[:, None, None], out=out)
+        out += np.asarray(add, np.float32)[:, None, None]

@@ -111,9 +111,6 @@ class FusedFolder:
         plan = self.plan  # the kernel's (v/255 - mean)/std for the folded v * mul + add
         self._mean_std = ([-a / (m * 255) for m, a in zip(plan.mul, plan.add)],
                           [1 / (m * 255) for m in plan.mul])
-        # the float value of each byte per channel, v * mul + add in float32 (the jitter's store)
-        self._table = (np.arange(256, dtype=np.float32) * np.asarray(plan.mul, np.float32)[:, None]
-                       + np.asarray(plan.add, np.float32)[:, None])
         self._pid = os.getpid()
         self.scratch = Scratch()
         self.draws = tp.Draws()
@@ -224,7 +221,7 @@ class FusedFolder:
                 crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), u8, flip)
             if as_float or geo["jitter"] is not None:  # the jitter, then the float values
                 jitter_into(u8, geo["jitter"] or [], self.scratch, out if as_float else None,
-                            self._table if as_float else None)
+                            plan.mul, plan.add)
         if out is dst:  # the slot's row, returned as it is: the loader does not copy it, and
             return out  # a batch of these is the plain tensor a batch of torchvision's makes
         return self._finish(out)
