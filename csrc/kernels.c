@@ -905,66 +905,8 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* colour jitter: Pillow's ImageEnhance arithmetic on uint8 CHW planes (see vision/jitter.py)  */
 
-/* Image.blend(degenerate, image, alpha) for one byte: float32, clipped, truncated (Blend.c) */
-static inline uint8_t blend_px(int d, float alpha, int x) {
-    float t = (float)d + alpha * (float)(x - d);
-    t = t < 0.0f ? 0.0f : t; /* branch-free min/max: the loops below vectorise */
-    t = t > 255.0f ? 255.0f : t;
-    return (uint8_t)(int)t;
-}
-
 /* Pillow's convert("L"): ITU-R 601-2 luma in 16-bit fixed point */
 static inline int grey_px(int r, int g, int b) { return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16; }
-
-static PL_HOT void saturation_loop(uint8_t *restrict r, uint8_t *restrict g, uint8_t *restrict bl,
-                                   Py_ssize_t n, float alpha) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int l = grey_px(r[i], g[i], bl[i]);
-        r[i] = blend_px(l, alpha, r[i]);
-        g[i] = blend_px(l, alpha, g[i]);
-        bl[i] = blend_px(l, alpha, bl[i]);
-    }
-}
-
-PyDoc_STRVAR(enhance_doc,
-             "enhance(img, kind, factor) -> None\n"
-             "\n"
-             "In place on a C-contiguous (3, h, w) uint8 buffer, bit for bit as Pillow's\n"
-             "ImageEnhance: kind 0 Brightness, 1 Contrast, 2 Color (saturation).");
-
-static PyObject *enhance(PyObject *self, PyObject *args) {
-    PyObject *obj;
-    int kind;
-    double factor;
-    if (!PyArg_ParseTuple(args, "Oid", &obj, &kind, &factor)) return NULL;
-    Py_buffer b;
-    if (PyObject_GetBuffer(obj, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) return NULL;
-    if (b.ndim != 3 || b.shape[0] != 3 || !is_format(&b, 'B') || b.itemsize != 1 || kind < 0 || kind > 2) {
-        PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_ValueError, "enhance: img must be a (3, h, w) uint8 buffer, kind 0, 1 or 2");
-        return NULL;
-    }
-    const Py_ssize_t n = b.shape[1] * b.shape[2];
-    uint8_t *r = (uint8_t *)b.buf, *g = r + n, *bl = g + n;
-    const float alpha = (float)factor;
-    Py_BEGIN_ALLOW_THREADS;
-    if (kind == 2) {
-        saturation_loop(r, g, bl, n, alpha);
-    } else {
-        int d = 0;
-        if (kind == 1 && n > 0) { /* ImageStat's mean of the grey image, rounded */
-            int64_t sum = 0;
-            for (Py_ssize_t i = 0; i < n; i++) sum += grey_px(r[i], g[i], bl[i]);
-            d = (int)((double)sum / (double)n + 0.5);
-        }
-        uint8_t lut[256];
-        for (int v = 0; v < 256; v++) lut[v] = blend_px(d, alpha, v);
-        for (Py_ssize_t i = 0; i < 3 * n; i++) r[i] = lut[r[i]];
-    }
-    Py_END_ALLOW_THREADS;
-    PyBuffer_Release(&b);
-    Py_RETURN_NONE;
-}
 
 /* a chain of ImageEnhance ops in one pass over the image plus one read pass per contrast op (for
  * its grey mean): the pixels go through the chain a block at a time, as int32 planes in L1, each
@@ -974,8 +916,8 @@ static PyObject *enhance(PyObject *self, PyObject *args) {
 #define CHAIN_BLOCK 512
 #define MAX_CHAIN 16
 
-/* blend_px on int32 values 0..255 (its uint8 cast is a no-op after the clip: left out, so the
- * loops stay in 32-bit lanes) */
+/* Image.blend(degenerate, image, alpha) for one value 0..255 (Blend.c): float32, clipped,
+ * truncated; kept in 32-bit lanes (Pillow's cast to a byte is a no-op after the clip) */
 static inline int32_t blend_i32(int32_t d, float alpha, int32_t x) {
     float t = (float)d + alpha * (float)(x - d);
     t = t < 0.0f ? 0.0f : t;
@@ -1049,8 +991,8 @@ PyDoc_STRVAR(enhance_chain_doc,
              "enhance_chain(img, ops, out=None, mul=None, add=None) -> None\n"
              "\n"
              "ops: a sequence of up to 16 (kind, factor) pairs applied in order to the\n"
-             "C-contiguous (3, h, w) uint8 buffer img, each bit for bit as enhance(img, kind,\n"
-             "factor). Without out the result is left in img; with out (a C-contiguous float32\n"
+             "C-contiguous (3, h, w) uint8 buffer img, bit for bit as Pillow's ImageEnhance\n"
+             "(0 Brightness, 1 Contrast, 2 Color). Without out the result is left in img; with out (a C-contiguous float32\n"
              "buffer of img's shape) and mul, add (3 floats each), out[c] = float32(result[c]) *\n"
              "mul[c] + add[c] in float32, and img is left as it was.");
 
@@ -1155,7 +1097,6 @@ static PyMethodDef methods[] = {
      "'avx2', 'ssse3', 'sse2' (x86-64) or 'auto'."},
     {"crop_resize_flip_chw", (PyCFunction)(void (*)(void))crop_resize_flip_chw,
      METH_VARARGS | METH_KEYWORDS, crop_resize_flip_chw_doc},
-    {"enhance", enhance, METH_VARARGS, enhance_doc},
     {"enhance_chain", (PyCFunction)(void (*)(void))enhance_chain, METH_VARARGS | METH_KEYWORDS,
      enhance_chain_doc},
     {NULL, NULL, 0, NULL},

@@ -155,3 +155,20 @@ def test_a_slot_row_written_in_place_is_returned_as_is(tmp_path):
     torch.manual_seed(3)
     fused.getitem_into(1, (row, None))
     assert type(want) is torchvision.tv_tensors.Image and torch.equal(want, torch.from_numpy(row))
+
+
+def test_jitter_chain_refuses_what_it_cannot_run():
+    if not ext_available():
+        pytest.skip("the compiled kernels are not built")
+    from pooled_loader.vision.kernels import _kernels
+    img = np.zeros((3, 4, 5), np.uint8)
+    for bad in ([(3, 1.0)], [(0,)], [(0, 1.0)] * 17, 5):
+        with pytest.raises((ValueError, TypeError)):
+            _kernels.enhance_chain(img, bad)
+    with pytest.raises(ValueError, match="uint8"):
+        _kernels.enhance_chain(np.zeros((4, 4, 5), np.uint8), [])
+    for out in (np.zeros((3, 5, 4), np.float32), np.zeros((3, 4, 5), np.float64)):
+        with pytest.raises(ValueError, match="out"):
+            _kernels.enhance_chain(img, [], out, (1, 1, 1), (0, 0, 0))
+    with pytest.raises(ValueError, match="mul"):
+        _kernels.enhance_chain(img, [], np.zeros((3, 4, 5), np.float32), (1, 1), (0, 0, 0))
