@@ -164,6 +164,30 @@ def jitter_micro() -> None:
           f"Pillow {times['pillow']:.2f} ms, {times['pillow'] / times['ours']:.2f}x")
 
 
+# issue 37's goals, per row: (the median ratio must be >= or <= this, what it means)
+GOALS = {
+    "v2 float": (">=", 3.0, "v2 float pipeline >= 3x DataLoader"),
+    "v1 float": (">=", 3.0, "v1 float pipeline >= 3x DataLoader"),
+    "uint8 vs decode_jpeg recipe": (">=", 1.5, "uint8 >= 1.5x torchvision's decode_jpeg recipe"),
+    "uint8 recipe (decode_image)": (">=", 1.5, "uint8 recipe >= 1.5x DataLoader"),
+    "timm create_transform": (">=", 2.0, "timm's default transform >= 2x DataLoader"),
+    "hand-written vs unchanged v2": ("<=", 1.10, "unchanged v2 within 10% of hand-written "
+                                                 "(hand-written / unchanged <= 1.10)"),
+}
+
+
+def print_goals(ratios: dict[str, list[float]]) -> None:
+    """One line per goal whose row ran: PASS or MISS, from the median of the rounds."""
+    print("\ngoals (median ratio of this run):")
+    for name, (op, bound, what) in GOALS.items():
+        rs = ratios.get(name)
+        if not rs:
+            continue
+        med = statistics.median(rs)
+        ok = med >= bound if op == ">=" else med <= bound
+        print(f"  {'PASS' if ok else 'MISS'}  {what}: {med:.2f}x (goal {op} {bound:.2f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/tmp/pooled_tvswap")
@@ -208,6 +232,7 @@ def main() -> None:
         peer = statistics.median(s[1] for s in speeds[name])
         print(f"| {name} | {statistics.median(rs):.2f}x | {', '.join(f'{x:.2f}' for x in rs)} "
               f"| {ours:.0f} | {peer:.0f} |")
+    print_goals(ratios)
 
 
 if __name__ == "__main__":
