@@ -9,12 +9,15 @@ rounded to an integer (contrast) or the pixel's own grey (saturation). Grey is P
 Pillow) is not here: a ColorJitter with hue runs as torchvision's own op.
 
 Two implementations, the same bytes (tests/test_torchvision_swap.py checks both against
-Pillow): the compiled ``_kernels.enhance`` (csrc/kernels.c), used when built, and numpy (a
-256-entry table per call for brightness and contrast, float32 passes for saturation). The
+Pillow): the compiled ``_kernels.enhance_chain`` (csrc/kernels.c), used when built, and numpy
+(a 256-entry table per call for brightness and contrast, float32 passes for saturation). The
 compiled one exists because numpy was not enough: a 224x224 image through brightness, contrast
 and saturation took 1.8 ms in numpy against 2.2 ms for Pillow's three ``enhance`` calls, which
-left timm's default training transform at ~1.1x DataLoader; see BENCHMARKS.md for the compiled
-figure (scripts/benchmarks/bench_torchvision_swap.py prints it first).
+left timm's default training transform at ~1.1x DataLoader. It runs the whole chain a block
+of pixels at a time in vectorised loops and writes the float32 result (ToTensor + Normalize as
+``v * mul + add``) in its last pass: two passes over the image for timm's jitter instead of
+three jitter passes and two conversion passes; see BENCHMARKS.md
+(scripts/benchmarks/bench_torchvision_swap.py prints the jitter's time first).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.kernels import _get_cv2, _kernels
 
 _RAMP = np.arange(256, dtype=np.float32)
-_ENHANCE = getattr(_kernels, "enhance", None)  # None: not built (or an older build): numpy
+_CHAIN = getattr(_kernels, "enhance_chain", None)  # None: not built (or an older build): numpy
 _GREY_WEIGHTS = (19595, 38470, 7471)  # Pillow's ITU-R 601-2 luma in 16-bit fixed point
 
 
@@ -89,13 +92,32 @@ def jitter_(img: np.ndarray, order: list[int], factors: tuple, scratch: Scratch,
     index of ``order`` (0 brightness, 1 contrast, 2 saturation; 3, hue, must be None) apply its
     factor when not None. ``compiled=False`` takes the numpy route even where the extension is
     built (for tests)."""
-    if factors[3] is not None:
-        raise ValueError("hue is not supported here (it runs as torchvision's own op)")
-    numpy_ops = (lambda f: brightness_(img, f), lambda f: contrast_(img, f, scratch),
-                 lambda f: saturation_(img, f, scratch))
-    for fn in order:
-        if fn < 3 and factors[fn] is not None:
-            if compiled and _ENHANCE is not None:
-                _ENHANCE(img, fn, float(factors[fn]))
-            else:
-                numpy_ops[fn](float(factors[fn]))
+    jitter_into(img, [(order, factors)], scratch, compiled=compiled)
+
+
+def jitter_into(img: np.ndarray, jitters: list[tuple[list[int], tuple]], scratch: Scratch,
+                out: np.ndarray | None = None, mul: tuple = (1.0,) * 3, add: tuple = (0.0,) * 3,
+                compiled: bool = True) -> None:
+    """Every ColorJitter of ``jitters`` ((order, factors) each, as :func:`jitter_` takes them)
+    on ``img`` in turn, in place; or, with ``out`` (float32, img's shape), ``out[c] =
+    float32(result[c]) * mul[c] + add[c]`` in float32 (numpy's arithmetic), ``img`` then left
+    as it was (compiled) or holding the result (numpy). The compiled route runs the whole chain
+    per block of pixels: one read pass per contrast (its grey mean) and one pass that stores."""
+    ops = []
+    for order, factors in jitters:
+        if factors[3] is not None:
+            raise ValueError("hue is not supported here (it runs as torchvision's own op)")
+        ops += [(fn, float(factors[fn])) for fn in order if fn < 3 and factors[fn] is not None]
+    if compiled and _CHAIN is not None:
+        _CHAIN(img, ops, out, mul, add)
+        return
+    for fn, factor in ops:
+        if fn == 0:
+            brightness_(img, factor)
+        elif fn == 1:
+            contrast_(img, factor, scratch)
+        else:
+            saturation_(img, factor, scratch)
+    if out is not None:
+        np.multiply(img, np.asarray(mul, np.float32)[:, None, None], out=out)
+        out += np.asarray(add, np.float32)[:, None, None]

@@ -40,7 +40,7 @@ from pooled_loader.errors import SampleError
 from pooled_loader.vision import torchvision_plan as tp
 from pooled_loader.vision.buffers import Scratch, read_file
 from pooled_loader.vision.decode import decode_crop_into, read_header
-from pooled_loader.vision.jitter import jitter_
+from pooled_loader.vision.jitter import jitter_into
 from pooled_loader.vision.kernels import crop_resize_flip_chw
 
 log = logging.getLogger("pooled_loader")
@@ -151,6 +151,7 @@ class FusedFolder:
                           [1 / (m * 255) for m in plan.mul])
         self._pid = os.getpid()
         self.scratch = Scratch()
+        self.draws = tp.Draws()
         self.fallbacks = 0  # samples made by the dataset's own __getitem__
 
     def __getstate__(self) -> dict:
@@ -215,7 +216,7 @@ class FusedFolder:
                                        and hdr.frame.colorspace in plan.colorspaces):
             raise _Fallback  # decode_image's own output (channels, colour conversion)
         saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None)
-        geo = _draw(plan, hdr.height, hdr.width)
+        geo = _draw(plan, self.draws, hdr.height, hdr.width)
         if geo is None:
             _restore(saved)
             raise _Fallback
@@ -259,14 +260,11 @@ class FusedFolder:
                 np.copyto(u8, window[:, :, ::-1] if flip else window)
             else:
                 crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), u8, flip)
-            if geo["jitter"] is not None:
-                for order, factors in geo["jitter"]:
-                    jitter_(u8, order, factors, self.scratch)
-            if as_float:
-                mul = np.asarray(plan.mul, np.float32)[:, None, None]
-                add = np.asarray(plan.add, np.float32)[:, None, None]
-                np.multiply(u8, mul, out=out)
-                out += add
+            if as_float or geo["jitter"] is not None:  # the jitter, then the float values
+                jitter_into(u8, geo["jitter"] or [], self.scratch, out if as_float else None,
+                            plan.mul, plan.add)
+        if out is dst:  # the slot's row, returned as it is: the loader does not copy it, and
+            return out  # a batch of these is the plain tensor a batch of torchvision's makes
         return self._finish(out)
 
     def _finish(self, arr: np.ndarray) -> Any:
@@ -293,7 +291,7 @@ def _restore(saved: tuple) -> None:
         random.setstate(saved[1])
 
 
-def _draw(plan: tp.Plan, h: int, w: int) -> dict | None:
+def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
     """Every fused op's parameters, drawn in op order, and the geometry they give on the
     source image: ``box`` (x0, y0, w, h), ``resize_hw``, ``crop`` (top, left, h, w on the
     unflipped resized image, or None), the final ``flip`` and the ``jitter`` parameters. None
@@ -307,9 +305,9 @@ def _draw(plan: tp.Plan, h: int, w: int) -> dict | None:
     for step in plan.steps:
         kind = step.kind
         if kind == tp.FLIP:
-            flipped ^= tp.draw_flip(step)
+            flipped ^= draws.flip(step)
         elif kind == tp.RESIZED_CROP:
-            top, left, bh, bw = tp.draw_box(step, cur_h, cur_w)
+            top, left, bh, bw = draws.box(step, cur_h, cur_w)
             x0 = w - left - bw if flipped else left
             box = (x0, top, bw, bh)
             cur_h, cur_w = step.size
@@ -329,7 +327,7 @@ def _draw(plan: tp.Plan, h: int, w: int) -> dict | None:
                 box = (left, top, cw, ch)
                 cur_h, cur_w = ch, cw
         elif kind == tp.JITTER:
-            jitter = (jitter or []) + [tp.draw_jitter(step)]
+            jitter = (jitter or []) + [draws.jitter(step)]
     resize_hw = (cur_h, cur_w) if not crop else _resized_hw(plan, h, w, box)
     return {"box": box, "resize_hw": resize_hw, "crop": crop, "flip": flipped,
             "jitter": jitter}

@@ -18,15 +18,16 @@ loader is ``torchvision.io.decode_image`` starts in the ``u8`` state (``read_pla
 start="u8")``): torchvision's uint8 recipe.
 
 Random parameters are drawn as the ops draw them, from the same RNG (torch's global one, or
-Python's ``random`` for timm's crop) in the same order as under DataLoader: by the op's own
-code (``get_params`` / ``make_params``) for ColorJitter and timm's crop, and by the same
-sequence of torch calls for torchvision's RandomResizedCrop (its own method spends ~50 us a
-sample checking its input). Imports: torch and
+Python's ``random`` for timm's crop) in the same order as under DataLoader, by the same
+sequence of calls as the op's own ``get_params`` / ``make_params`` (:class:`Draws`; the ops'
+methods check their input and make a tensor per draw: ~50 us a sample for torchvision's crop;
+tests/test_torchvision_draws.py compares each with the op's method). Imports: torch and
 torchvision only (this module is imported only when torchvision already is).
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,36 +285,67 @@ def read_plan(transform: Any, start: str = "pil") -> Plan | None:
 # -------------------------------------------------------------------------------------------
 # drawing parameters with the op's own code
 
-def _stand_in(h: int, w: int) -> torch.Tensor:
-    """A (3, h, w) tensor that allocates nothing: what the ops' size queries read."""
-    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(3, h, w)
+class Draws:
+    """The fused ops' random parameters, drawn from the RNG each op draws from, call for call in
+    the op's order, so that the values are the ones the op itself would draw.
+
+    torchvision's calls are made on two reused one-element tensors: in ATen ``torch.rand(1)`` is
+    ``torch.empty(1).uniform_(0, 1)``, ``torch.randint(a, b, (1,))`` is ``torch.empty(1,
+    dtype=torch.int64).random_(a, b)`` and ``torch.exp`` of a tensor is its ``exp_()``, so each
+    draw is the same number from the same RNG state without a tensor made per call
+    (tests/test_torchvision_swap.py compares every kind of draw with the op's own method over
+    many seeds). One per process and thread (a :class:`FusedFolder` owns one)."""
+
+    def __init__(self) -> None:
+        self.f32 = torch.empty(1)
+        self.i64 = torch.empty(1, dtype=torch.int64)
+
+    def uniform(self, low: float, high: float) -> float:
+        """``torch.empty(1).uniform_(low, high).item()``."""
+        return self.f32.uniform_(low, high).item()
+
+    def randint(self, low: int, high: int) -> int:
+        """``torch.randint(low, high, size=(1,)).item()``."""
+        return self.i64.random_(low, high).item()
+
+    def box(self, step: Step, h: int, w: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of a RandomResizedCrop on an h x w image: torchvision's
+        v1 ``get_params`` / v2 ``make_params`` (the same algorithm and torch calls) without
+        their input checks, or timm's ``get_params`` (Python's ``random``)."""
+        op = step.op
+        if step.version == "timm":
+            return _timm_box(h, w, op.scale, op.ratio)
+        scale, log_ratio = op.scale, step.log_ratio
+        area = h * w
+        f32 = self.f32
+        for _ in range(10):
+            target_area = area * f32.uniform_(scale[0], scale[1]).item()
+            aspect_ratio = f32.uniform_(log_ratio[0], log_ratio[1]).exp_().item()
+            cw = int(round(math.sqrt(target_area * aspect_ratio)))
+            ch = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < cw <= w and 0 < ch <= h:
+                top = self.i64.random_(0, h - ch + 1).item()
+                left = self.i64.random_(0, w - cw + 1).item()
+                return top, left, ch, cw
+        return _central_box(h, w, op.ratio)
+
+    def flip(self, step: Step) -> bool:
+        """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw). torch
+        compares in float32, so ``p`` is rounded to float32 first."""
+        return self.f32.uniform_(0, 1).item() < float(np.float32(step.op.p))
+
+    def jitter(self, step: Step) -> tuple[list[int], tuple]:
+        """ColorJitter's order and factors (brightness, contrast, saturation, hue): v1's
+        ``get_params`` and v2's ``make_params`` draw ``torch.randperm(4)`` then one uniform per
+        range that is not None, in that order."""
+        op = step.op
+        order = torch.randperm(4).tolist()
+        return order, tuple(None if r is None else self.uniform(r[0], r[1])
+                            for r in (op.brightness, op.contrast, op.saturation, op.hue))
 
 
-def draw_box(step: Step, h: int, w: int) -> tuple[int, int, int, int]:
-    """(top, left, height, width) of a RandomResizedCrop on an h x w image, drawn as the op
-    draws it: timm's by its own ``get_params`` (Python's random), torchvision's v1 and v2 (the
-    same algorithm, the same torch calls) by :func:`_torch_box`."""
-    op = step.op
-    if step.version == "timm":
-        return tuple(int(v) for v in type(op).get_params(_stand_in(h, w), op.scale, op.ratio))
-    return _torch_box(h, w, op.scale, step.log_ratio, op.ratio)
-
-
-def _torch_box(h: int, w: int, scale: Any, log_ratio: Any, ratio: Any) -> tuple:
-    """torchvision's RandomResizedCrop parameters (v1 ``get_params``, v2 ``make_params``), call
-    for call: the same draws from torch's global RNG in the same order, without their input
-    checks (~50 us a sample). tests/test_torchvision_swap.py compares every box with
-    DataLoader's."""
-    area = h * w
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
-        cw = int(round(math.sqrt(target_area * aspect_ratio)))
-        ch = int(round(math.sqrt(target_area / aspect_ratio)))
-        if 0 < cw <= w and 0 < ch <= h:
-            top = torch.randint(0, h - ch + 1, size=(1,)).item()
-            left = torch.randint(0, w - cw + 1, size=(1,)).item()
-            return top, left, ch, cw
+def _central_box(h: int, w: int, ratio: Any) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's box when ten draws found none (torchvision's and timm's rule)."""
     in_ratio = float(w) / float(h)
     if in_ratio < min(ratio):
         cw, ch = w, int(round(w / min(ratio)))
@@ -322,6 +354,21 @@ def _torch_box(h: int, w: int, scale: Any, log_ratio: Any, ratio: Any) -> tuple:
     else:
         cw, ch = w, h
     return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def _timm_box(h: int, w: int, scale: Any, ratio: Any) -> tuple[int, int, int, int]:
+    """timm's ``RandomResizedCropAndInterpolation.get_params``, call for call on Python's
+    ``random`` (its own method first asks torchvision for the image's size)."""
+    area = w * h
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = random.uniform(*scale) * area
+        aspect_ratio = math.exp(random.uniform(*log_ratio))
+        cw = int(round(math.sqrt(target_area * aspect_ratio)))
+        ch = int(round(math.sqrt(target_area / aspect_ratio)))
+        if cw <= w and ch <= h:
+            return random.randint(0, h - ch), random.randint(0, w - cw), ch, cw
+    return _central_box(h, w, ratio)
 
 
 def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:
@@ -333,21 +380,3 @@ def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:
     out = _compute_resized_output_size((h, w), None if size is None else list(size),
                                        step.op.max_size)
     return int(out[0]), int(out[1])
-
-
-def draw_flip(step: Step) -> bool:
-    """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw). torch
-    compares in float32, so ``p`` is rounded to float32 first; comparing the drawn number in
-    Python saves a tensor op (~8 us)."""
-    return torch.rand(1).item() < float(np.float32(step.op.p))
-
-
-def draw_jitter(step: Step) -> tuple[list[int], tuple]:
-    """ColorJitter's order and factors (brightness, contrast, saturation, hue)."""
-    op = step.op
-    if step.version == "v2":
-        p = op.make_params([])
-        return ([int(i) for i in p["fn_idx"]], (p["brightness_factor"], p["contrast_factor"],
-                                                p["saturation_factor"], p["hue_factor"]))
-    fn_idx, b, c, s, h = type(op).get_params(op.brightness, op.contrast, op.saturation, op.hue)
-    return [int(i) for i in fn_idx], (b, c, s, h)
