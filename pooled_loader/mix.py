@@ -35,6 +35,7 @@ Imports: ``mix_order``, ``mix_state``, ``distributed``, ``seeds``, ``stages``, `
 from __future__ import annotations
 
 import itertools
+import pickle
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -116,8 +117,8 @@ class Mix(IterableDataset):
         """Use `weights` (a dict, or a callable of the global batch number) from epoch
         `from_epoch` on (default: the current epoch, i.e. after `loader.set_epoch(e)`), replacing
         any set for that epoch or later. Recorded in the state, so a resume continues with the
-        weights in force. Workers copy the mix when an epoch starts: with persistent workers,
-        set the weights before the first epoch (with `from_epoch`) or pass a callable."""
+        weights in force. Persistent workers get the schedule with each new epoch (a callable
+        set after they started must pickle: a module-level function)."""
         epoch = self.epoch if from_epoch is None else from_epoch
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"Mix.set_weights: from_epoch must be an integer >= 0, got {epoch!r}")
@@ -125,6 +126,30 @@ class Mix(IterableDataset):
             weights = check_weights(dict(weights) if isinstance(weights, Mapping) else weights,
                                     self.names, "Mix")
         self._schedule = [e for e in self._schedule if e[0] < epoch] + [[epoch, weights]]
+
+    def pooled_epoch(self) -> dict:
+        """What `PooledLoader` sends persistent workers with each new epoch: the weight
+        schedule (`pooled_load_epoch` takes it there), so a `set_weights` between epochs reaches
+        them. A callable that does not pickle (a lambda) travels as a marker that raises."""
+        schedule = []
+        for epoch, weights in self._schedule:
+            if callable(weights):
+                try:
+                    pickle.dumps(weights)
+                except Exception:  # noqa: BLE001 - any pickling failure: it cannot travel
+                    weights = _Unsent(epoch)
+            schedule.append([epoch, weights])
+        return {"schedule": schedule}
+
+    def pooled_load_epoch(self, payload: dict) -> None:
+        """In a persistent worker: take the main process's weight schedule (`pooled_epoch`)."""
+        schedule = []
+        for epoch, weights in payload["schedule"]:
+            if isinstance(weights, _Unsent):  # this worker's own (inherited) callable, if any
+                mine = [w for e, w in self._schedule if e == epoch]
+                weights = mine[0] if mine and callable(mine[0]) else weights
+            schedule.append([epoch, weights])
+        self._schedule = schedule
 
     def weights_at(self, epoch: int) -> Any:
         """The weights (dict or callable) in force at `epoch`."""
@@ -235,6 +260,19 @@ class Mix(IterableDataset):
         return {"mix": account(states, self.names, None if callable(weights) else weights,
                                {n: total.get(f"mix:{n}", 0.0) for n in self.names},
                                with_lengths)}
+
+
+class _Unsent:
+    """The weights of an epoch that were a callable that does not pickle, in a persistent
+    worker that could not be sent it: calling it says what to do."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, step: int) -> dict:
+        raise ValueError(f"Mix: the weights set for epoch {self.epoch} are a callable that "
+                         f"does not pickle (a lambda?), so persistent workers cannot get it: "
+                         f"pass a module-level function, or set it before the workers start")
 
 
 class _Stream:

@@ -499,8 +499,11 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 conn.send(_started(maker, worker_id, msg.epoch, start_error))
             elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
-                if callable(setter):
+                if callable(setter) and msg.epoch is not None:
                     setter(msg.epoch)
+                loader = getattr(cfg.dataset, "pooled_load_epoch", None)
+                if callable(loader) and msg.payload is not None:
+                    loader(msg.payload)
             elif type(msg) is Forget:
                 maker.arenas.forget(msg.owner_pid, msg.arena_id)
     except (EOFError, OSError, KeyboardInterrupt):
