@@ -34,6 +34,7 @@ Imports: ``mix_order``, ``mix_state``, ``distributed``, ``seeds``, ``stages``, `
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import pickle
 from typing import Any, Callable, Iterator, Mapping
@@ -44,7 +45,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .distributed import rank_and_world
 from .errors import SampleError
-from .mix_order import Order, rest_after, share_of, source_items
+from .mix_order import (Order, rest_entries, rest_index, rest_length, rest_prefix,
+                        source_items)
 from .mix_state import FORMAT, MERGED, account, check_state, check_weights, merge_mix_states
 from .seeds import sample_seed, seed_globals
 from .stages import CLOCK, perf_counter_ns
@@ -73,6 +75,10 @@ class Mix(IterableDataset):
         on_error: ``"raise"`` or ``"skip"`` (count a failing read; its position gives nothing).
         per_sample_seed: seed ``random``/numpy/torch from (seed, epoch, position) before each
             map-style read, so augmentations do not depend on workers or ranks.
+        drop_last: on several ranks, give every rank as many batches (DDP needs it), as
+            DistributedSampler does: ``False`` pads the epoch with its first positions again,
+            ``True`` drops its last ones; ``None`` leaves the ranks uneven (every position
+            once). Finite stop modes with an iterable source need ``None``.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: each rank takes its own share
@@ -80,7 +86,8 @@ class Mix(IterableDataset):
     def __init__(self, sources: Mapping[str, Any], weights: Weights, *, seed: int = 0,
                  stop: str = "first_exhausted", samples_per_epoch: int | None = None,
                  batch_size: int = 1, shuffle: bool = True, with_source: bool = False,
-                 on_error: str = "raise", per_sample_seed: bool = False) -> None:
+                 on_error: str = "raise", per_sample_seed: bool = False,
+                 drop_last: bool | None = False) -> None:
         if not isinstance(sources, Mapping) or not sources or not all(
                 isinstance(k, str) and k for k in sources):
             raise ValueError("Mix: sources must be a non-empty dict of name (str) -> dataset")
@@ -89,6 +96,8 @@ class Mix(IterableDataset):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"Mix: {name} must be a positive integer, got {value!r}")
+        if drop_last not in (True, False, None):
+            raise ValueError(f"Mix: drop_last must be True, False or None, got {drop_last!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"Mix: on_error must be 'raise' or 'skip', got {on_error!r}")
         self.names = list(sources)
@@ -104,6 +113,7 @@ class Mix(IterableDataset):
         self.seed, self.stop, self.samples_per_epoch = int(seed), stop, samples_per_epoch
         self.batch_size, self.shuffle, self.with_source = batch_size, bool(shuffle), with_source
         self.on_error, self.per_sample_seed = on_error, bool(per_sample_seed)
+        self.drop_last = drop_last
         self.epoch = 0
         self._schedule: list[list] = []  # [from_epoch, weights dict or callable], increasing
         self.set_weights(weights, from_epoch=0)
@@ -168,7 +178,7 @@ class Mix(IterableDataset):
     def _config(self) -> dict:
         return {"sources": self.names, "seed": self.seed, "stop": self.stop,
                 "samples_per_epoch": self.samples_per_epoch, "batch_size": self.batch_size,
-                "shuffle": self.shuffle,
+                "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "iterable": [n for n, it in zip(self.names, self.iterable) if it]}
 
     def _slot(self) -> tuple[int, int, int, int]:
@@ -192,7 +202,10 @@ class Mix(IterableDataset):
             raise TypeError("Mix has no len() unless stop='never' (the epoch's end depends on "
                             "when a source runs out)")
         _, world = self._slot()[:2]
-        blocks = -(-self.samples_per_epoch // self.batch_size)
+        n, step = self.samples_per_epoch, self.batch_size * world
+        if world > 1 and self.drop_last is not None:
+            return (n // step if self.drop_last else -(-n // step)) * self.batch_size
+        blocks = -(-n // self.batch_size)
         return len(range(0, blocks, world)) * self.batch_size  # at most: the last may be short
 
     # -- iteration and state --------------------------------------------------------------------
@@ -349,21 +362,59 @@ class _Stream:
 
     def _mine(self, order: Order) -> Iterator[tuple[list, list, list, list]]:
         """(positions, sources, draw numbers, item indices (map-style; -1: iterable)) of this
-        slot's share, chunk by chunk, in order."""
+        slot's share, chunk by chunk, in order: whole blocks of the *rest* (the positions no
+        earlier round passed, `mix_order.rest_after`), cut or padded so that every rank gets as
+        many blocks (`Mix.drop_last`)."""
         b, slots, slot = self.mix.batch_size, self.slots, self.slot
-        if not self.rounds:
-            for chunk in order.chunks():
-                g = np.arange(chunk.start, chunk.start + len(chunk.src), dtype=np.int64)
-                keep = (g // b) % slots == slot
-                yield self._with_items(g[keep], chunk.src[keep], chunk.draw[keep])
+        rest, bound = rest_prefix(self.rounds)  # the rest below `bound`; all of it above
+        target = self._target(order, rest, bound)
+        for chunk in order.chunks():
+            g = np.arange(chunk.start, chunk.start + len(chunk.src), dtype=np.int64)
+            idx, alive = rest_index(g, rest, bound)
+            keep = alive & ((idx // b) % slots == slot)
+            if target is not None:
+                keep &= idx < target
+            yield self._with_items(g[keep], chunk.src[keep], chunk.draw[keep])
+        if target is not None:
+            yield from self._padding(order, rest, bound, target)
+
+    def _target(self, order: Order, rest: np.ndarray, bound: int) -> int | None:
+        """The entries of the rest every rank's blocks cover together: a multiple of
+        batch_size x world size (None: no cut or padding)."""
+        mix, world = self.mix, self.slot_info[1]
+        if world == 1 or mix.drop_last is None:
+            return None
+        iterable = [n for n, it in zip(mix.names, mix.iterable) if it]
+        if iterable and mix.stop != "never":
+            raise ValueError(
+                f"Mix: source(s) {iterable} are iterable datasets, whose end in stop="
+                f"{mix.stop!r} is each worker's own, so ranks cannot be given the same number "
+                f"of batches (torch DDP would hang): use stop='never' with samples_per_epoch, "
+                f"or drop_last=None if the ranks may take different numbers of steps")
+        self.rest_length = n = rest_length(order.length(), rest, bound)
+        step = mix.batch_size * world
+        return (n // step) * step if mix.drop_last else -(-n // step) * step
+
+    def _padding(self, order: Order, rest: np.ndarray, bound: int, target: int) -> Iterator:
+        """This slot's entries of the rest beyond its end (up to `target`): the rest's first
+        entries again, as DistributedSampler pads with its first indices."""
+        n, b = self.rest_length, self.mix.batch_size
+        if target <= n or n == 0:
             return
-        # an elastic resume: this slot's share of what the earlier rounds left
-        chunks = list(order.chunks())
-        length = chunks[-1].start + len(chunks[-1].src) if chunks else 0
-        mine = share_of(rest_after(length, self.rounds), slot, slots, b)
-        src = np.concatenate([c.src for c in chunks]) if chunks else np.zeros(0, np.int64)
-        draw = np.concatenate([c.draw for c in chunks]) if chunks else np.zeros(0, np.int64)
-        yield self._with_items(mine, src[mine], draw[mine])
+        idx = np.arange(n, target, dtype=np.int64)
+        idx = idx[(idx // b) % self.slots == self.slot]
+        if not len(idx):
+            return
+        wanted = rest_entries((idx - n) % n, rest, bound)  # positions, in this slot's order
+        src = np.zeros(len(wanted), dtype=np.int64)
+        draw = np.zeros(len(wanted), dtype=np.int64)
+        for chunk in copy.copy(order).chunks():  # a copy: `order.active` stays the epoch's
+            inside = (wanted >= chunk.start) & (wanted < chunk.start + len(chunk.src))
+            src[inside] = chunk.src[wanted[inside] - chunk.start]
+            draw[inside] = chunk.draw[wanted[inside] - chunk.start]
+            if chunk.start + len(chunk.src) > wanted.max():
+                break
+        yield self._with_items(wanted, src, draw)
 
     def _with_items(self, g: np.ndarray, src: np.ndarray, draw: np.ndarray) -> tuple:
         mix = self.mix

@@ -3,7 +3,7 @@
 One (rank, worker) *slot* of a mix saves (``Mix.state_dict()``, inside its worker)::
 
     {"format": FORMAT, "sources": [names], "seed", "epoch", "stop", "samples_per_epoch",
-     "batch_size", "shuffle", "rank", "world_size", "worker", "num_workers",
+     "batch_size", "shuffle", "drop_last", "rank", "world_size", "worker", "num_workers",
      "schedule": [[from_epoch, {name: weight} or null (a callable)], ...],
      "passed": positions of the slot's share passed (yielded, failed or skipped),
      "ended": its epoch has ended, "rounds": the elastic plan (below),
@@ -35,7 +35,8 @@ MERGED = "pooled_loader.mix.merged/1"
 MAX_ROUNDS = 64  # elastic resumes within one epoch; bounds what a (hostile) state can replay
 MAX_SLOTS = 1 << 20  # ranks x workers
 MAX_COUNT = 1 << 53  # any position or count: beyond it floats (JSON) are no longer exact
-SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "iterable")
+SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "drop_last",
+        "iterable")
 COUNTS = ("samples", "tokens", "failed", "passes", "items")
 STARVE_TIME_FACTOR = 2.0
 """Ratio. A source whose share of the mix's read time exceeds this multiple of its share of the

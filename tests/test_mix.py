@@ -278,8 +278,8 @@ def _ranks(monkeypatch, world, steps=None, states=None):
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        loader = PooledLoader(three(stop="all_exhausted"), batch_size=8, num_workers=2,
-                              distributed=True)
+        loader = PooledLoader(three(stop="all_exhausted", drop_last=None), batch_size=8,
+                              num_workers=2, distributed=True)
         if states is not None:
             loader.load_state_dict(merge_rank_states(states))
         got = []

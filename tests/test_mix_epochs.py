@@ -44,3 +44,70 @@ def test_persistent_workers_see_set_weights_between_epochs(change):
 def test_an_unpicklable_callable_set_later_is_refused_in_persistent_workers():
     with pytest.raises(Exception, match="does not pickle"):
         _epochs(True, lambda mix: mix.set_weights(lambda step: dict(WEIGHTS)))
+
+
+# -- every rank the same number of batches ---------------------------------------------------------
+STOPS = [("first_exhausted", None), ("all_exhausted", None), ("never", 203)]
+
+
+def _mix(stop, samples, **kw) -> Mix:
+    return Mix({n: Ids(BASES[n], SIZES[n]) for n in SIZES}, dict(WEIGHTS), batch_size=8,
+               stop=stop, samples_per_epoch=samples, **kw)
+
+
+def _rank_batches(monkeypatch, world, stop, samples, **kw) -> list:
+    out = []
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        loader = PooledLoader(_mix(stop, samples, **kw), batch_size=8, num_workers=2,
+                              distributed=True)
+        out.append([b.tolist() for b in loader])
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("stop,samples", STOPS)
+def test_every_rank_yields_as_many_batches_padding_by_default(monkeypatch, world, stop, samples):
+    whole = flat(b.tolist() for b in PooledLoader(_mix(stop, samples), batch_size=8,
+                                                  num_workers=0))
+    ranks = _rank_batches(monkeypatch, world, stop, samples)
+    counts = [len(r) for r in ranks]
+    step = 8 * world
+    assert counts == [-(-len(whole) // step)] * world, (len(whole), counts)
+    got = [x for r in ranks for x in flat(r)]
+    assert len(got) == counts[0] * step  # every batch full: the epoch padded to a multiple
+    assert set(got) == set(whole)  # padded with its own first samples again
+    extra = len(got) - len(whole)
+    assert sorted(got) == sorted(whole + whole[:extra])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("stop,samples", STOPS)
+def test_drop_last_cuts_every_rank_to_as_many_full_batches(monkeypatch, world, stop, samples):
+    whole = flat(b.tolist() for b in PooledLoader(_mix(stop, samples), batch_size=8,
+                                                  num_workers=0))
+    ranks = _rank_batches(monkeypatch, world, stop, samples, drop_last=True)
+    keep = len(whole) // (8 * world)
+    assert [len(r) for r in ranks] == [keep] * world
+    assert all(len(b) == 8 for r in ranks for b in r)
+    assert sorted(x for r in ranks for x in flat(r)) == sorted(whole[:keep * 8 * world])
+
+
+def test_len_is_each_ranks_batches_times_batch_size(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert len(_mix("never", 203)) == 9 * 8
+    assert len(_mix("never", 203, drop_last=True)) == 8 * 8
+
+
+def test_a_finite_mix_with_an_iterable_source_on_ranks_is_refused_naming_it(monkeypatch):
+    from test_mix import Stream
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    mix = Mix({"a": Ids(0, 50), "w": Stream(5000, 40)}, {"a": 1, "w": 1}, batch_size=4)
+    with pytest.raises(Exception, match=r"\['w'\].*drop_last=None"):
+        list(PooledLoader(mix, batch_size=4, num_workers=0, distributed=True))
+    mix = Mix({"a": Ids(0, 50), "w": Stream(5000, 40)}, {"a": 1, "w": 1}, batch_size=4,
+              drop_last=None)
+    assert len(list(PooledLoader(mix, batch_size=4, num_workers=0, distributed=True))) > 0
