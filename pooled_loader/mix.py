@@ -47,7 +47,8 @@ from .distributed import rank_and_world
 from .errors import SampleError
 from .mix_order import (Order, rest_entries, rest_index, rest_length, rest_prefix,
                         source_items)
-from .mix_state import FORMAT, MERGED, account, check_state, check_weights, merge_mix_states
+from .mix_state import (FORMAT, MERGED, account, check_state, check_weights, merge_mix_states,
+                        slot_source_state)
 from .seeds import sample_seed, seed_globals
 from .stages import CLOCK, perf_counter_ns
 from .stateful import follows_stateful
@@ -314,6 +315,10 @@ class _Stream:
                 for c in ("samples", "tokens", "failed"):
                     self.counts[c] = [per[n][c] for n in self.mix.names]
             self.ended = state["ended"]
+            for s, name in enumerate(self.mix.names):  # an iterable source: its piece of the rest
+                if self.mix.iterable[s]:
+                    self.source_states[s] = slot_source_state(per[name]["state"], self.slot,
+                                                              self.slots, self.slot_info)
             return
         check_state(state, self.mix._config(), self.slot_info)
         self.passed, self.ended = state["passed"], state["ended"]
@@ -327,8 +332,14 @@ class _Stream:
         per = {}
         for s, name in enumerate(mix.names):
             source_state = self.source_states[s]
-            if mix.iterable[s] and self.counts["items"][s] and follows_stateful(mix.sources[s]):
-                source_state = mix.sources[s].state_dict()
+            if mix.iterable[s] and follows_stateful(mix.sources[s]):
+                if self.counts["items"][s]:
+                    source_state = mix.sources[s].state_dict()
+                elif source_state is None:  # before its first item: kept if it lists the
+                    fresh = mix.sources[s].state_dict()  # whole piece (for an elastic merge)
+                    if isinstance(fresh, dict) and fresh.get("position", 0) is None \
+                            and isinstance(fresh.get("rest"), list):
+                        source_state = fresh
             per[name] = {**{c: self.counts[c][s] for c in self.counts},
                          "exhausted": self.exhausted[s], "state": source_state}
         rank, world, worker, workers = self.slot_info

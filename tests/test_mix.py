@@ -310,13 +310,6 @@ def test_three_ranks_then_resumed_again_on_one(monkeypatch):
     assert sorted(got) == everything
 
 
-def test_merge_refuses_a_mix_with_an_iterable_source():
-    mix = Mix({"a": Ids(0, 50), "w": Stream(5000, 40)}, {"a": 1, "w": 1})
-    _, loader = run(mix, batches=2, batch_size=4)
-    with pytest.raises(ValueError, match="iterable datasets"):
-        merge_rank_states([loader.state_dict()])
-
-
 # -- failures and accounting ----------------------------------------------------------------------
 def test_a_failing_source_is_counted_and_never_starves_the_others():
     def mix(fail):
