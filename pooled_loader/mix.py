@@ -450,8 +450,12 @@ class _Stream:
                                       if mix.iterable[s] and not self.exhausted[s]}
         last = [-1 if size is None or mix.stop == "never" else size - 1 for size in mix.sizes]
         samples, tokens, passed_skip = self.counts["samples"], self.counts["tokens"], self.passed
-        seed, epoch = mix.seed, self.epoch
-        add, skip_on_error = CLOCK.add, mix.on_error == "skip"
+        seed, epoch, seeded = mix.seed, self.epoch, mix.per_sample_seed
+        skip_on_error, with_source, names = mix.on_error == "skip", mix.with_source, mix.names
+        getters = [None if it else src.__getitem__ for src, it in zip(mix.sources, mix.iterable)]
+        exhausted = self.exhausted
+        clock = CLOCK  # its accumulators are booked inline (as CLOCK.add): the per-sample path
+        ns = clock.ns
         for positions, srcs, draws, items in self._mine(order):
             if passed_skip >= len(positions):
                 passed_skip -= len(positions)
@@ -460,32 +464,37 @@ class _Stream:
             for g, s, j, index in zip(positions[start:], srcs[start:], draws[start:],
                                       items[start:]):
                 t0 = perf_counter_ns()
-                if mix.iterable[s]:
+                get = getters[s]
+                if get is None:
                     ok, sample = self._next_of(s, iters, order)
                     if ok is None:
                         self.ended = True
                         return
                 else:
-                    if mix.per_sample_seed:
+                    if seeded:
                         seed_globals(sample_seed(seed, epoch, g))
                     try:
-                        sample, ok = mix.sources[s][index], True
+                        sample, ok = get(index), True
                     except Exception as exc:  # noqa: BLE001 - counted, or raised with its name
                         if not skip_on_error:
-                            raise SampleError(f"Mix source {mix.names[s]!r}, item {index}: "
+                            raise SampleError(f"Mix source {names[s]!r}, item {index}: "
                                               f"{type(exc).__name__}: {exc}") from exc
                         self._failed(s, index, exc)
                         ok = False
-                add(stages[s], t0, perf_counter_ns())
+                d = perf_counter_ns() - t0
+                ns[stages[s]] += d
+                clock.nested_ns += d
+                if clock.spans is not None:
+                    clock.spans.append((stages[s], t0, d, None))
                 self.passed += 1
                 if not ok:
                     continue
                 samples[s] += 1
                 if j == last[s]:
-                    self.exhausted[s] = True  # its last item (the slot that drew it says so)
+                    exhausted[s] = True  # its last item (the slot that drew it says so)
                 if lengths[s] is not None:
                     tokens[s] += int(lengths[s][index])
-                yield (sample, mix.names[s]) if mix.with_source else sample
+                yield (sample, names[s]) if with_source else sample
         self.ended = True
 
     def _lengths(self, s: int) -> np.ndarray | None:
