@@ -21,7 +21,12 @@ Within a source:
   its copy's next item. The sequence of *sources* stays global; which item an iterable source
   gives at a position depends on its own split (so on the number of slots), and its exhaustion
   is the slot's own. Resume on the same world size and workers is exact (its ``state_dict()``,
-  or skipping the items taken); an elastic merge refuses such a mix.
+  or skipping the items taken); an elastic merge merges the source's own states (a WebDataset's
+  remaining samples, ``mix_state``), and refuses a source without one, naming it.
+
+Ranks: every rank yields as many batches (``drop_last``: pad with the epoch's first positions,
+cut, or None: uneven), which needs the epoch's length: known to every slot for map-style sources
+and with ``"never"``; a finite mode with an iterable source on several ranks needs None.
 
 Stop modes: ``"first_exhausted"`` ends the epoch at the first draw of a source with no item left;
 ``"all_exhausted"`` stops drawing exhausted sources (the others fill in) until none is left;

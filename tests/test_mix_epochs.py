@@ -111,3 +111,33 @@ def test_a_finite_mix_with_an_iterable_source_on_ranks_is_refused_naming_it(monk
     mix = Mix({"a": Ids(0, 50), "w": Stream(5000, 40)}, {"a": 1, "w": 1}, batch_size=4,
               drop_last=None)
     assert len(list(PooledLoader(mix, batch_size=4, num_workers=0, distributed=True))) > 0
+
+
+def test_an_elastic_resume_evens_the_ranks_over_what_is_left(monkeypatch):
+    import json
+    from pooled_loader.elastic import merge_rank_states
+
+    def ranks(world, steps=None, states=None):
+        out, saved = [], []
+        for rank in range(world):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", str(world))
+            loader = PooledLoader(_mix("all_exhausted", None), batch_size=8, num_workers=2,
+                                  distributed=True)
+            if states is not None:
+                loader.load_state_dict(merge_rank_states(states))
+            got = []
+            for batch in loader:
+                got.append(batch.tolist())
+                if len(got) == steps:
+                    break
+            out.append(got)
+            saved.append(json.loads(json.dumps(loader.state_dict())))
+        return out, saved
+
+    head, states = ranks(2, steps=5)
+    rest, _ = ranks(3, states=states)
+    assert len({len(r) for r in rest}) == 1, [len(r) for r in rest]
+    got = flat(sum(head, [])) + flat(sum(rest, []))
+    whole = [BASES[n] + i for n in SIZES for i in range(SIZES[n])]
+    assert set(got) == set(whole)  # all read; the padding repeats a few
