@@ -272,14 +272,15 @@ def test_weights_as_a_callable_of_step():
 
 
 # -- elastic --------------------------------------------------------------------------------------
-def _ranks(monkeypatch, world, steps=None, states=None):
-    """Every rank's batches (each rank a loader with 2 workers), and their states."""
+def _ranks(monkeypatch, world, steps=None, states=None, make=None):
+    """Every rank's batches (each rank a loader with 2 workers over `make()`, by default three
+    sources, every position once), and their states."""
     out, saved = [], []
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        loader = PooledLoader(three(stop="all_exhausted", drop_last=None), batch_size=8,
-                              num_workers=2, distributed=True)
+        mix = make() if make else three(stop="all_exhausted", drop_last=None)
+        loader = PooledLoader(mix, batch_size=8, num_workers=2, distributed=True)
         if states is not None:
             loader.load_state_dict(merge_rank_states(states))
         got = []

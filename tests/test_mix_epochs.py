@@ -8,7 +8,7 @@ import pytest
 
 from pooled_loader import PooledLoader
 from pooled_loader.mix import Mix
-from test_mix import BASES, SIZES, WEIGHTS, Ids, flat, source_of
+from test_mix import BASES, SIZES, WEIGHTS, Ids, _ranks, flat, source_of
 
 
 def _curriculum(step: int) -> dict:  # module level: it pickles
@@ -114,29 +114,11 @@ def test_a_finite_mix_with_an_iterable_source_on_ranks_is_refused_naming_it(monk
 
 
 def test_an_elastic_resume_evens_the_ranks_over_what_is_left(monkeypatch):
-    import json
-    from pooled_loader.elastic import merge_rank_states
+    def make():
+        return _mix("all_exhausted", None)  # drop_last=False: the ranks padded even
 
-    def ranks(world, steps=None, states=None):
-        out, saved = [], []
-        for rank in range(world):
-            monkeypatch.setenv("RANK", str(rank))
-            monkeypatch.setenv("WORLD_SIZE", str(world))
-            loader = PooledLoader(_mix("all_exhausted", None), batch_size=8, num_workers=2,
-                                  distributed=True)
-            if states is not None:
-                loader.load_state_dict(merge_rank_states(states))
-            got = []
-            for batch in loader:
-                got.append(batch.tolist())
-                if len(got) == steps:
-                    break
-            out.append(got)
-            saved.append(json.loads(json.dumps(loader.state_dict())))
-        return out, saved
-
-    head, states = ranks(2, steps=5)
-    rest, _ = ranks(3, states=states)
+    head, states = _ranks(monkeypatch, 2, steps=5, make=make)
+    rest, _ = _ranks(monkeypatch, 3, states=states, make=make)
     assert len({len(r) for r in rest}) == 1, [len(r) for r in rest]
     got = flat(sum(head, [])) + flat(sum(rest, []))
     whole = [BASES[n] + i for n in SIZES for i in range(SIZES[n])]
