@@ -283,13 +283,14 @@ def _ranks(monkeypatch, world, steps=None, states=None, make=None):
         loader = PooledLoader(mix, batch_size=8, num_workers=2, distributed=True)
         if states is not None:
             loader.load_state_dict(merge_rank_states(states))
-        got = []
-        for batch in loader:
+        got, it = [], iter(loader)  # alive while the state is taken: it waits for every
+        for batch in it:  # worker's start state (one that delivered nothing has no other)
             got.append(batch.tolist())
             if len(got) == steps:
                 break
         out.append(got)
         saved.append(json.loads(json.dumps(loader.state_dict())))
+        del it
     return out, saved
 
 

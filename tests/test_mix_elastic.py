@@ -40,13 +40,16 @@ def ranks(monkeypatch, shards, world, steps=None, states=None):
         loader = PooledLoader(blend(shards), batch_size=4, num_workers=2, distributed=True)
         if states is not None:
             loader.load_state_dict(json.loads(json.dumps(merge_rank_states(states))))
-        got = []
-        for k, batch in enumerate(loader):
+        got, it = [], iter(loader)  # held while the state is taken (see below)
+        for k, batch in enumerate(it):
             got += batch.tolist()
             if k + 1 == steps:
                 break
         out.append(got)
+        # with its iterator alive, state_dict() waits for every worker's start state: a worker
+        # that delivered nothing yet (steps=1) still has its whole share recorded
         saved.append(json.loads(json.dumps(loader.state_dict())))
+        del it
     return [x for r in out for x in r], saved
 
 
