@@ -262,8 +262,7 @@ class BatchMaker(SlotCollate):
             finally:
                 self.items += len(samples)
             self.getitem_ns += perf_counter_ns() - start
-            want = 0
-        for _ in range(want):
+        for _ in range(want - len(samples) if not self.ended else 0):
             start = perf_counter_ns()
             item = self._next_item()
             self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), self.items)
