@@ -8,7 +8,7 @@ Main process -> worker (sent by `worker_iter.WorkerIter`, answered by `worker.wo
     Slot       the bigger slot a worker asked for with NeedSlot
     Forget     unmap a retired arena
     Reset      a new epoch on persistent workers: restart an iterable dataset's iterator
-    SetEpoch   forward `set_epoch` to the worker's copy of the dataset
+    SetEpoch   forward `set_epoch` (and the dataset's per-epoch payload) to the worker's copy
     None       stop: the worker returns
 
 Worker -> main process (sent by `worker.worker_loop`, handled by `worker_iter.WorkerIter._handle`):
@@ -106,9 +106,12 @@ class Reset:
 
 @dataclass(**_MESSAGE)
 class SetEpoch:
-    """Call `dataset.set_epoch(epoch)` on the worker's copy of the dataset."""
+    """Call `dataset.set_epoch(epoch)` on the worker's copy of the dataset (unless None), then
+    `dataset.pooled_load_epoch(payload)` with what the main process's copy gave for the epoch
+    (`pooled_epoch()`, e.g. a mix's weights in force), when it has that hook."""
 
-    epoch: int
+    epoch: int | None
+    payload: Any = None
 
 
 # -- worker -> main process -----------------------------------------------------------------------

@@ -21,7 +21,12 @@ Within a source:
   its copy's next item. The sequence of *sources* stays global; which item an iterable source
   gives at a position depends on its own split (so on the number of slots), and its exhaustion
   is the slot's own. Resume on the same world size and workers is exact (its ``state_dict()``,
-  or skipping the items taken); an elastic merge refuses such a mix.
+  or skipping the items taken); an elastic merge merges the source's own states (a WebDataset's
+  remaining samples, ``mix_state``), and refuses a source without one, naming it.
+
+Ranks: every rank yields as many batches (``drop_last``: pad with the epoch's first positions,
+cut, or None: uneven), which needs the epoch's length: known to every slot for map-style sources
+and with ``"never"``; a finite mode with an iterable source on several ranks needs None.
 
 Stop modes: ``"first_exhausted"`` ends the epoch at the first draw of a source with no item left;
 ``"all_exhausted"`` stops drawing exhausted sources (the others fill in) until none is left;
@@ -34,7 +39,9 @@ Imports: ``mix_order``, ``mix_state``, ``distributed``, ``seeds``, ``stages``, `
 """
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -43,8 +50,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .distributed import rank_and_world
 from .errors import SampleError
-from .mix_order import Order, rest_after, share_of, source_items
-from .mix_state import FORMAT, MERGED, account, check_state, check_weights, merge_mix_states
+from .mix_order import (Order, rest_entries, rest_index, rest_length, rest_prefix,
+                        source_items)
+from .mix_state import (FORMAT, MERGED, account, check_state, check_weights, merge_mix_states,
+                        slot_source_state)
 from .seeds import sample_seed, seed_globals
 from .stages import CLOCK, perf_counter_ns
 from .stateful import follows_stateful
@@ -72,6 +81,10 @@ class Mix(IterableDataset):
         on_error: ``"raise"`` or ``"skip"`` (count a failing read; its position gives nothing).
         per_sample_seed: seed ``random``/numpy/torch from (seed, epoch, position) before each
             map-style read, so augmentations do not depend on workers or ranks.
+        drop_last: on several ranks, give every rank as many batches (DDP needs it), as
+            DistributedSampler does: ``False`` pads the epoch with its first positions again,
+            ``True`` drops its last ones; ``None`` leaves the ranks uneven (every position
+            once). Finite stop modes with an iterable source need ``None``.
     """
 
     splits_by_rank = True  # pooled_loader.distributed: each rank takes its own share
@@ -79,7 +92,8 @@ class Mix(IterableDataset):
     def __init__(self, sources: Mapping[str, Any], weights: Weights, *, seed: int = 0,
                  stop: str = "first_exhausted", samples_per_epoch: int | None = None,
                  batch_size: int = 1, shuffle: bool = True, with_source: bool = False,
-                 on_error: str = "raise", per_sample_seed: bool = False) -> None:
+                 on_error: str = "raise", per_sample_seed: bool = False,
+                 drop_last: bool | None = False) -> None:
         if not isinstance(sources, Mapping) or not sources or not all(
                 isinstance(k, str) and k for k in sources):
             raise ValueError("Mix: sources must be a non-empty dict of name (str) -> dataset")
@@ -88,6 +102,8 @@ class Mix(IterableDataset):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"Mix: {name} must be a positive integer, got {value!r}")
+        if drop_last not in (True, False, None):
+            raise ValueError(f"Mix: drop_last must be True, False or None, got {drop_last!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"Mix: on_error must be 'raise' or 'skip', got {on_error!r}")
         self.names = list(sources)
@@ -103,6 +119,7 @@ class Mix(IterableDataset):
         self.seed, self.stop, self.samples_per_epoch = int(seed), stop, samples_per_epoch
         self.batch_size, self.shuffle, self.with_source = batch_size, bool(shuffle), with_source
         self.on_error, self.per_sample_seed = on_error, bool(per_sample_seed)
+        self.drop_last = drop_last
         self.epoch = 0
         self._schedule: list[list] = []  # [from_epoch, weights dict or callable], increasing
         self.set_weights(weights, from_epoch=0)
@@ -116,8 +133,8 @@ class Mix(IterableDataset):
         """Use `weights` (a dict, or a callable of the global batch number) from epoch
         `from_epoch` on (default: the current epoch, i.e. after `loader.set_epoch(e)`), replacing
         any set for that epoch or later. Recorded in the state, so a resume continues with the
-        weights in force. Workers copy the mix when an epoch starts: with persistent workers,
-        set the weights before the first epoch (with `from_epoch`) or pass a callable."""
+        weights in force. Persistent workers get the schedule with each new epoch (a callable
+        set after they started must pickle: a module-level function)."""
         epoch = self.epoch if from_epoch is None else from_epoch
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"Mix.set_weights: from_epoch must be an integer >= 0, got {epoch!r}")
@@ -125,6 +142,30 @@ class Mix(IterableDataset):
             weights = check_weights(dict(weights) if isinstance(weights, Mapping) else weights,
                                     self.names, "Mix")
         self._schedule = [e for e in self._schedule if e[0] < epoch] + [[epoch, weights]]
+
+    def pooled_epoch(self) -> dict:
+        """What `PooledLoader` sends persistent workers with each new epoch: the weight
+        schedule (`pooled_load_epoch` takes it there), so a `set_weights` between epochs reaches
+        them. A callable that does not pickle (a lambda) travels as a marker that raises."""
+        schedule = []
+        for epoch, weights in self._schedule:
+            if callable(weights):
+                try:
+                    pickle.dumps(weights)
+                except Exception:  # noqa: BLE001 - any pickling failure: it cannot travel
+                    weights = _Unsent(epoch)
+            schedule.append([epoch, weights])
+        return {"schedule": schedule}
+
+    def pooled_load_epoch(self, payload: dict) -> None:
+        """In a persistent worker: take the main process's weight schedule (`pooled_epoch`)."""
+        schedule = []
+        for epoch, weights in payload["schedule"]:
+            if isinstance(weights, _Unsent):  # this worker's own (inherited) callable, if any
+                mine = [w for e, w in self._schedule if e == epoch]
+                weights = mine[0] if mine and callable(mine[0]) else weights
+            schedule.append([epoch, weights])
+        self._schedule = schedule
 
     def weights_at(self, epoch: int) -> Any:
         """The weights (dict or callable) in force at `epoch`."""
@@ -143,7 +184,7 @@ class Mix(IterableDataset):
     def _config(self) -> dict:
         return {"sources": self.names, "seed": self.seed, "stop": self.stop,
                 "samples_per_epoch": self.samples_per_epoch, "batch_size": self.batch_size,
-                "shuffle": self.shuffle,
+                "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "iterable": [n for n, it in zip(self.names, self.iterable) if it]}
 
     def _slot(self) -> tuple[int, int, int, int]:
@@ -167,7 +208,10 @@ class Mix(IterableDataset):
             raise TypeError("Mix has no len() unless stop='never' (the epoch's end depends on "
                             "when a source runs out)")
         _, world = self._slot()[:2]
-        blocks = -(-self.samples_per_epoch // self.batch_size)
+        n, step = self.samples_per_epoch, self.batch_size * world
+        if world > 1 and self.drop_last is not None:
+            return (n // step if self.drop_last else -(-n // step)) * self.batch_size
+        blocks = -(-n // self.batch_size)
         return len(range(0, blocks, world)) * self.batch_size  # at most: the last may be short
 
     # -- iteration and state --------------------------------------------------------------------
@@ -237,6 +281,19 @@ class Mix(IterableDataset):
                                with_lengths)}
 
 
+class _Unsent:
+    """The weights of an epoch that were a callable that does not pickle, in a persistent
+    worker that could not be sent it: calling it says what to do."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, step: int) -> dict:
+        raise ValueError(f"Mix: the weights set for epoch {self.epoch} are a callable that "
+                         f"does not pickle (a lambda?), so persistent workers cannot get it: "
+                         f"pass a module-level function, or set it before the workers start")
+
+
 class _Stream:
     """One slot's epoch of a mix: the iterator `iter(mix)` returns."""
 
@@ -263,6 +320,10 @@ class _Stream:
                 for c in ("samples", "tokens", "failed"):
                     self.counts[c] = [per[n][c] for n in self.mix.names]
             self.ended = state["ended"]
+            for s, name in enumerate(self.mix.names):  # an iterable source: its piece of the rest
+                if self.mix.iterable[s]:
+                    self.source_states[s] = slot_source_state(per[name]["state"], self.slot,
+                                                              self.slots, self.slot_info)
             return
         check_state(state, self.mix._config(), self.slot_info)
         self.passed, self.ended = state["passed"], state["ended"]
@@ -276,8 +337,14 @@ class _Stream:
         per = {}
         for s, name in enumerate(mix.names):
             source_state = self.source_states[s]
-            if mix.iterable[s] and self.counts["items"][s] and follows_stateful(mix.sources[s]):
-                source_state = mix.sources[s].state_dict()
+            if mix.iterable[s] and follows_stateful(mix.sources[s]):
+                if self.counts["items"][s]:
+                    source_state = mix.sources[s].state_dict()
+                elif source_state is None:  # before its first item: kept if it lists the
+                    fresh = mix.sources[s].state_dict()  # whole piece (for an elastic merge)
+                    if isinstance(fresh, dict) and fresh.get("position", 0) is None \
+                            and isinstance(fresh.get("rest"), list):
+                        source_state = fresh
             per[name] = {**{c: self.counts[c][s] for c in self.counts},
                          "exhausted": self.exhausted[s], "state": source_state}
         rank, world, worker, workers = self.slot_info
@@ -311,21 +378,59 @@ class _Stream:
 
     def _mine(self, order: Order) -> Iterator[tuple[list, list, list, list]]:
         """(positions, sources, draw numbers, item indices (map-style; -1: iterable)) of this
-        slot's share, chunk by chunk, in order."""
+        slot's share, chunk by chunk, in order: whole blocks of the *rest* (the positions no
+        earlier round passed, `mix_order.rest_after`), cut or padded so that every rank gets as
+        many blocks (`Mix.drop_last`)."""
         b, slots, slot = self.mix.batch_size, self.slots, self.slot
-        if not self.rounds:
-            for chunk in order.chunks():
-                g = np.arange(chunk.start, chunk.start + len(chunk.src), dtype=np.int64)
-                keep = (g // b) % slots == slot
-                yield self._with_items(g[keep], chunk.src[keep], chunk.draw[keep])
+        rest, bound = rest_prefix(self.rounds)  # the rest below `bound`; all of it above
+        target = self._target(order, rest, bound)
+        for chunk in order.chunks():
+            g = np.arange(chunk.start, chunk.start + len(chunk.src), dtype=np.int64)
+            idx, alive = rest_index(g, rest, bound)
+            keep = alive & ((idx // b) % slots == slot)
+            if target is not None:
+                keep &= idx < target
+            yield self._with_items(g[keep], chunk.src[keep], chunk.draw[keep])
+        if target is not None:
+            yield from self._padding(order, rest, bound, target)
+
+    def _target(self, order: Order, rest: np.ndarray, bound: int) -> int | None:
+        """The entries of the rest every rank's blocks cover together: a multiple of
+        batch_size x world size (None: no cut or padding)."""
+        mix, world = self.mix, self.slot_info[1]
+        if world == 1 or mix.drop_last is None:
+            return None
+        iterable = [n for n, it in zip(mix.names, mix.iterable) if it]
+        if iterable and mix.stop != "never":
+            raise ValueError(
+                f"Mix: source(s) {iterable} are iterable datasets, whose end in stop="
+                f"{mix.stop!r} is each worker's own, so ranks cannot be given the same number "
+                f"of batches (torch DDP would hang): use stop='never' with samples_per_epoch, "
+                f"or drop_last=None if the ranks may take different numbers of steps")
+        self.rest_length = n = rest_length(order.length(), rest, bound)
+        step = mix.batch_size * world
+        return (n // step) * step if mix.drop_last else -(-n // step) * step
+
+    def _padding(self, order: Order, rest: np.ndarray, bound: int, target: int) -> Iterator:
+        """This slot's entries of the rest beyond its end (up to `target`): the rest's first
+        entries again, as DistributedSampler pads with its first indices."""
+        n, b = self.rest_length, self.mix.batch_size
+        if target <= n or n == 0:
             return
-        # an elastic resume: this slot's share of what the earlier rounds left
-        chunks = list(order.chunks())
-        length = chunks[-1].start + len(chunks[-1].src) if chunks else 0
-        mine = share_of(rest_after(length, self.rounds), slot, slots, b)
-        src = np.concatenate([c.src for c in chunks]) if chunks else np.zeros(0, np.int64)
-        draw = np.concatenate([c.draw for c in chunks]) if chunks else np.zeros(0, np.int64)
-        yield self._with_items(mine, src[mine], draw[mine])
+        idx = np.arange(n, target, dtype=np.int64)
+        idx = idx[(idx // b) % self.slots == self.slot]
+        if not len(idx):
+            return
+        wanted = rest_entries((idx - n) % n, rest, bound)  # positions, in this slot's order
+        src = np.zeros(len(wanted), dtype=np.int64)
+        draw = np.zeros(len(wanted), dtype=np.int64)
+        for chunk in copy.copy(order).chunks():  # a copy: `order.active` stays the epoch's
+            inside = (wanted >= chunk.start) & (wanted < chunk.start + len(chunk.src))
+            src[inside] = chunk.src[wanted[inside] - chunk.start]
+            draw[inside] = chunk.draw[wanted[inside] - chunk.start]
+            if chunk.start + len(chunk.src) > wanted.max():
+                break
+        yield self._with_items(wanted, src, draw)
 
     def _with_items(self, g: np.ndarray, src: np.ndarray, draw: np.ndarray) -> tuple:
         mix = self.mix
@@ -350,8 +455,12 @@ class _Stream:
                                       if mix.iterable[s] and not self.exhausted[s]}
         last = [-1 if size is None or mix.stop == "never" else size - 1 for size in mix.sizes]
         samples, tokens, passed_skip = self.counts["samples"], self.counts["tokens"], self.passed
-        seed, epoch = mix.seed, self.epoch
-        add, skip_on_error = CLOCK.add, mix.on_error == "skip"
+        seed, epoch, seeded = mix.seed, self.epoch, mix.per_sample_seed
+        skip_on_error, with_source, names = mix.on_error == "skip", mix.with_source, mix.names
+        getters = [None if it else src.__getitem__ for src, it in zip(mix.sources, mix.iterable)]
+        exhausted = self.exhausted
+        clock = CLOCK  # its accumulators are booked inline (as CLOCK.add): the per-sample path
+        ns = clock.ns
         for positions, srcs, draws, items in self._mine(order):
             if passed_skip >= len(positions):
                 passed_skip -= len(positions)
@@ -360,32 +469,37 @@ class _Stream:
             for g, s, j, index in zip(positions[start:], srcs[start:], draws[start:],
                                       items[start:]):
                 t0 = perf_counter_ns()
-                if mix.iterable[s]:
+                get = getters[s]
+                if get is None:
                     ok, sample = self._next_of(s, iters, order)
                     if ok is None:
                         self.ended = True
                         return
                 else:
-                    if mix.per_sample_seed:
+                    if seeded:
                         seed_globals(sample_seed(seed, epoch, g))
                     try:
-                        sample, ok = mix.sources[s][index], True
+                        sample, ok = get(index), True
                     except Exception as exc:  # noqa: BLE001 - counted, or raised with its name
                         if not skip_on_error:
-                            raise SampleError(f"Mix source {mix.names[s]!r}, item {index}: "
+                            raise SampleError(f"Mix source {names[s]!r}, item {index}: "
                                               f"{type(exc).__name__}: {exc}") from exc
                         self._failed(s, index, exc)
                         ok = False
-                add(stages[s], t0, perf_counter_ns())
+                d = perf_counter_ns() - t0
+                ns[stages[s]] += d
+                clock.nested_ns += d
+                if clock.spans is not None:
+                    clock.spans.append((stages[s], t0, d, None))
                 self.passed += 1
                 if not ok:
                     continue
                 samples[s] += 1
                 if j == last[s]:
-                    self.exhausted[s] = True  # its last item (the slot that drew it says so)
+                    exhausted[s] = True  # its last item (the slot that drew it says so)
                 if lengths[s] is not None:
                     tokens[s] += int(lengths[s][index])
-                yield (sample, mix.names[s]) if mix.with_source else sample
+                yield (sample, names[s]) if with_source else sample
         self.ended = True
 
     def _lengths(self, s: int) -> np.ndarray | None:

@@ -31,7 +31,8 @@ import numpy as np
 
 from .seeds import splitmix64
 
-__all__ = ["Order", "Chunk", "source_items", "rest_after", "share_of", "STOPS"]
+__all__ = ["Order", "Chunk", "source_items", "rest_after", "share_of", "rest_prefix",
+           "rest_index", "rest_length", "rest_entries", "STOPS"]
 
 STOPS = ("first_exhausted", "all_exhausted", "never")
 CHUNK = 8192  # positions drawn at a time; aligned to multiples of it, so pure in g
@@ -196,3 +197,44 @@ def rest_after(length: int, rounds: Sequence[dict]) -> np.ndarray:
         share_pos = (block // slots) * batch + idx % batch
         rest = rest[share_pos >= passed[owner]]
     return rest
+
+
+def rest_prefix(rounds: Sequence[dict]) -> tuple[np.ndarray, int]:
+    """(the rest below `bound`, `bound`): every position at or above `bound` is in the rest
+    (no slot of `rounds` passed it), so an epoch without a known end (an iterable source) can be
+    dealt lazily. A round's slots passed entries of its rest below (blocks passed + 1) x batch x
+    slots, and each round's rest below a value lies within the earlier rounds' bounds."""
+    bound = 0
+    for round_ in rounds:
+        most = max((int(p) for p in round_["passed"].values()), default=0)
+        bound += (-(-most // round_["batch"]) + 1) * round_["batch"] * round_["slots"]
+    return rest_after(bound, rounds), bound
+
+
+def rest_index(g: np.ndarray, rest: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index in the rest, whether in the rest) of positions `g`."""
+    if not bound:
+        return g, np.ones(len(g), dtype=bool)
+    idx = len(rest) + g - bound
+    alive = np.ones(len(g), dtype=bool)
+    low = g < bound
+    if low.any():
+        at = np.searchsorted(rest, g[low])
+        idx[low] = at
+        alive[low] = rest[np.minimum(at, max(len(rest) - 1, 0))] == g[low] if len(rest) else False
+    return idx, alive
+
+
+def rest_length(length: int, rest: np.ndarray, bound: int) -> int:
+    """Entries of the rest of an epoch of `length` positions."""
+    if length <= bound:
+        return int(np.searchsorted(rest, length))
+    return len(rest) + length - bound
+
+
+def rest_entries(idx: np.ndarray, rest: np.ndarray, bound: int) -> np.ndarray:
+    """The positions at indices `idx` of the rest."""
+    out = idx - len(rest) + bound
+    low = idx < len(rest)
+    out[low] = rest[idx[low]]
+    return out

@@ -3,7 +3,7 @@
 One (rank, worker) *slot* of a mix saves (``Mix.state_dict()``, inside its worker)::
 
     {"format": FORMAT, "sources": [names], "seed", "epoch", "stop", "samples_per_epoch",
-     "batch_size", "shuffle", "rank", "world_size", "worker", "num_workers",
+     "batch_size", "shuffle", "drop_last", "rank", "world_size", "worker", "num_workers",
      "schedule": [[from_epoch, {name: weight} or null (a callable)], ...],
      "passed": positions of the slot's share passed (yielded, failed or skipped),
      "ended": its epoch has ended, "rounds": the elastic plan (below),
@@ -16,17 +16,22 @@ an iterable source's iterator stands (restarts, items taken this pass, its own `
 
 Elastic: :func:`merge_mix_states` turns the states of every slot of one epoch into one *merged*
 state that appends a round ``{"slots", "batch", "passed": {slot: count}}`` to the plan; a slot that
-loads it reads its share of the positions no earlier slot passed (``mix_order.rest_after``). Only
-map-style sources are merged: an iterable source is split by its own (rank, worker) mechanism, so
-which of its items a slot holds does not follow from the positions.
+loads it reads its share of the positions no earlier slot passed (``mix_order.rest_after``). An
+iterable source is split by its own (rank, worker) mechanism, so which of its items a slot holds
+does not follow from the positions: its slots' own states are merged by its own elastic merge
+(``wds_elastic.merge_stream_states``: a WebDataset in counted mode lists its remaining samples),
+and each slot of the resumed mix reads a contiguous piece of those (:func:`slot_source_state`),
+none left out; a source without such a state makes the mix unmergeable (the merge names it).
 
 Every number read from a state is checked (type and range) and a bad one raises ValueError naming
-its key. Imports nothing of the package (``elastic.py`` imports it for the merge).
+its key. Imports ``wds_elastic`` only (``elastic.py`` imports this module for the merge).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
+
+from .wds_elastic import RUNS, merge_stream_states, take_runs
 
 __all__ = ["FORMAT", "MERGED", "check_state", "merge_mix_states", "account", "is_mix_state"]
 
@@ -34,8 +39,10 @@ FORMAT = "pooled_loader.mix/1"
 MERGED = "pooled_loader.mix.merged/1"
 MAX_ROUNDS = 64  # elastic resumes within one epoch; bounds what a (hostile) state can replay
 MAX_SLOTS = 1 << 20  # ranks x workers
+MAX_RUNS_OF_SOURCE = 1 << 24  # runs of an iterable source's merged state (wds_elastic.MAX_RUNS)
 MAX_COUNT = 1 << 53  # any position or count: beyond it floats (JSON) are no longer exact
-SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "iterable")
+SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "drop_last",
+        "iterable")
 COUNTS = ("samples", "tokens", "failed", "passes", "items")
 STARVE_TIME_FACTOR = 2.0
 """Ratio. A source whose share of the mix's read time exceeds this multiple of its share of the
@@ -160,6 +167,8 @@ def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None) 
         for name in names:
             for count in ("samples", "tokens", "failed"):
                 _int(state, f"per_source.{name}.{count}")
+        for name in mine["iterable"]:
+            check_source_runs(state, name)
         return state
     here = (_int(state, "rank", MAX_SLOTS - 1), _int(state, "world_size", MAX_SLOTS, 1),
             _int(state, "worker", MAX_SLOTS - 1), _int(state, "num_workers", MAX_SLOTS, 1))
@@ -196,11 +205,6 @@ def merge_mix_states(states: Sequence[dict]) -> dict:
         if not is_mix_state(state) or state.get("format") != FORMAT:
             raise ValueError(f"merge_mix_states: state {k} is not a Mix slot's state")
     mine = {key: first.get(key) for key in SAME}
-    iterable = mine["iterable"]
-    if iterable:
-        raise ValueError(f"merge_mix_states: source(s) {iterable} are iterable datasets, split "
-                         f"by their own (rank, worker) mechanism: a mix with them resumes only "
-                         f"on the same world size and num_workers")
     slots, world, workers = {}, first.get("world_size"), first.get("num_workers")
     for k, state in enumerate(states):
         check_state(state, mine, None)
@@ -224,9 +228,58 @@ def merge_mix_states(states: Sequence[dict]) -> dict:
               "passed": {str(s): st["passed"] for s, st in sorted(slots.items())}}
     per = {name: {c: sum(st["per_source"][name][c] for st in slots.values())
                   for c in ("samples", "tokens", "failed")} for name in mine["sources"]}
+    for name in mine["iterable"]:
+        per[name]["state"] = _merge_source(name, [slots[s]["per_source"][name]["state"]
+                                                  for s in sorted(slots)])
     return {"format": MERGED, **mine, "epoch": first["epoch"], "schedule": first["schedule"],
             "rounds": first["rounds"] + [round_], "per_source": per,
             "ended": all(st["ended"] for st in slots.values())}
+
+
+def _merge_source(name: str, states: list) -> dict:
+    """An iterable source's merged state: its own elastic merge of every slot's state (a
+    `pooled_loader.webdataset.WebDataset` in counted mode lists its remaining samples)."""
+    if not all(isinstance(st, dict) and isinstance(st.get("rest"), list) for st in states):
+        raise ValueError(
+            f"merge_mix_states: source {name!r} is an iterable dataset without an elastic state "
+            f"(remaining samples, 'rest'): only pooled_loader.webdataset.WebDataset in counted "
+            f"mode, whose epoch skipped no sample, resumes on another world size; a mix with "
+            f"{name!r} resumes on the same world size and num_workers")
+    try:
+        return merge_stream_states(states)
+    except ValueError as exc:
+        raise ValueError(f"merge_mix_states: source {name!r}: {exc}") from None
+
+
+def check_source_runs(state: dict, name: str) -> list:
+    """The runs (``[shard, first, count]``) of iterable source `name` in a merged state."""
+    key = f"per_source.{name}.state.runs"
+    runs = _at(state, key)
+    if not isinstance(runs, list) or len(runs) > MAX_RUNS_OF_SOURCE:
+        raise _bad(key, f"should be a list of at most {MAX_RUNS_OF_SOURCE} runs")
+    for k, run in enumerate(runs):
+        if not (isinstance(run, list) and len(run) == 3 and all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+                for v in run)):
+            raise _bad(f"{key}[{k}]", "should be [shard, first sample, count]")
+    return runs
+
+
+def slot_source_state(merged: dict, slot: int, slots: int,
+                      where: tuple[int, int, int, int]) -> dict:
+    """What slot `slot` of `slots` (rank, world, worker, workers = `where`) reads of an iterable
+    source's merged state: a contiguous piece of its remaining samples, none left out (a
+    WebDataset state in "runs" mode: that slot's own runs)."""
+    runs = merged["runs"]
+    total = sum(r[2] for r in runs)
+    start, end = total * slot // slots, total * (slot + 1) // slots
+    rank, world, worker, workers = where
+    keep = ("version", "epoch", "seed", "shards", "samples_per_epoch", "shuffle_shards",
+            "shuffle_buffer")
+    return {**{k: merged.get(k) for k in keep}, "skipped": 0, "rank": rank,
+            "world_size": world, "worker": worker, "num_workers": workers,
+            "quota": end - start, "done": 0, "position": None, "mode": RUNS,
+            "rest": take_runs(runs, start, end - start)}
 
 
 # -- accounting -----------------------------------------------------------------------------------

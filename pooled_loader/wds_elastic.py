@@ -28,7 +28,8 @@ from .wds_plan import slot_share
 
 Run = list  # [shard index in urls, first sample, count]
 
-__all__ = ["merge_stream_states", "slot_runs", "drop_first", "runs_from", "MERGED"]
+__all__ = ["merge_stream_states", "slot_runs", "drop_first", "runs_from", "take_runs", "MERGED",
+           "RUNS"]
 
 MERGED = "merged"  # WebDataset state["mode"] of a merged state
 RUNS = "runs"  # WebDataset state["mode"] of a state taken while reading runs
@@ -63,7 +64,7 @@ def drop_first(runs: Sequence[Run], n: int) -> list[Run]:
     return out
 
 
-def _take(runs: Sequence[Run], start: int, n: int) -> list[Run]:
+def take_runs(runs: Sequence[Run], start: int, n: int) -> list[Run]:
     """Samples `start .. start + n - 1` of the concatenated `runs`."""
     out = []
     for url, first, count in runs:
@@ -143,7 +144,7 @@ def slot_runs(runs: Sequence[Run], rank: int, world: int, worker: int,
     """(runs, quota) of slot (rank, worker) when the samples of `runs` are split as counted mode
     splits an epoch."""
     start, quota = slot_share(sum(r[2] for r in runs), rank, world, worker, workers)
-    return _take(runs, start, quota), quota
+    return take_runs(runs, start, quota), quota
 
 
 def _first_overlap(runs: Sequence[Run]) -> Optional[tuple[int, int]]:

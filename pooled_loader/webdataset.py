@@ -545,6 +545,12 @@ class WebDataset(IterableDataset):
             return state
         prog = self._progress
         if prog is None:
+            if self._resume is None and self.shard_sizes is not None and not self.skipped:
+                # before the epoch's first sample (a worker that has not read yet): its whole
+                # piece remains, so an elastic merge (or a Mix's) can hand it to another slot
+                piece = self._plan()
+                state["rest"] = wds_elastic.runs_from(piece.order, self.shard_sizes,
+                                                      piece.first, piece.skip, piece.quota)
             return state
         # the buffer is the RNG's only user
         state.update(wds_state.progress_state(prog, keep_rng=self.shuffle_buffer > 1),

@@ -252,7 +252,18 @@ class BatchMaker(SlotCollate):
         """Next samples of an iterable dataset (None at its end, honouring drop_last)."""
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []
-        for _ in range(want):
+        if not self.cfg.per_sample_seed and CLOCK.spans is None and not self.ended:
+            # the common case, one clock reading a batch (spans, seeds: per item, below)
+            it, start = self.iterator, perf_counter_ns()
+            try:
+                for _ in range(want):
+                    samples.append(next(it))
+            except StopIteration:
+                self.ended = True
+            finally:
+                self.items += len(samples)
+            self.getitem_ns += perf_counter_ns() - start
+        for _ in range(want - len(samples) if not self.ended else 0):
             start = perf_counter_ns()
             item = self._next_item()
             self.getitem_ns += CLOCK.fetched(start, perf_counter_ns(), self.items)
@@ -508,8 +519,11 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 conn.send(_started(maker, worker_id, msg.epoch, start_error))
             elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
-                if callable(setter):
+                if callable(setter) and msg.epoch is not None:
                     setter(msg.epoch)
+                loader = getattr(cfg.dataset, "pooled_load_epoch", None)
+                if callable(loader) and msg.payload is not None:
+                    loader(msg.payload)
             elif type(msg) is Forget:
                 maker.arenas.forget(msg.owner_pid, msg.arena_id)
     except (EOFError, OSError, KeyboardInterrupt):

@@ -182,9 +182,14 @@ class WorkerIter(_IterBase):
         self._stale.update(self._tasks)  # results of these are dropped when they arrive
         self._release_ready()
         self._reset_epoch_state()
+        # what the main process's dataset changed between epochs (a mix's set_weights) reaches
+        # the persistent workers' copies with the epoch
+        payload = getattr(spec.dataset, "pooled_epoch", None)
+        payload = payload() if callable(payload) else None
+        epoch = spec.epoch if hasattr(spec.dataset, "set_epoch") else None
         for w in self._worker_states:
-            if spec.epoch is not None and hasattr(spec.dataset, "set_epoch"):
-                w.conn.send(SetEpoch(epoch=spec.epoch))
+            if epoch is not None or payload is not None:
+                w.conn.send(SetEpoch(epoch=epoch, payload=payload))
             w.conn.send(Reset(epoch=self._epoch, shared_seed=self._shared_seed))
 
     def _prepare_state(self) -> None:
