@@ -153,6 +153,8 @@ def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None) 
     if fmt not in (FORMAT, MERGED):
         raise _bad("format", f"is {fmt!r:.60}, expected {FORMAT!r} or {MERGED!r}")
     for key in SAME:
+        if key == "drop_last" and key not in state:
+            continue  # saved before Mix had drop_last: its positions read the same
         if _at(state, key) != mine[key]:
             raise ValueError(f"Mix state does not fit this Mix: it was saved with {key}="
                              f"{state[key]!r:.120}, this Mix has {key}={mine[key]!r:.120}")
