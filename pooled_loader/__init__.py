@@ -5,10 +5,10 @@ from typing import Any
 
 import torch.utils.data
 
-from .errors import PoolAllocationError, SampleError, WorkerError
+from .core.errors import PoolAllocationError, SampleError, WorkerError
 from .integrations import maybe_patch_accelerate
 from .loader import PooledLoader
-from .pool import SlotPool
+from .engine.pool import SlotPool
 
 maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 

@@ -11,7 +11,7 @@ import sys
 import traceback
 from typing import Callable, Sequence
 
-from .errors import CacheError, SampleError
+from .core.errors import CacheError, SampleError
 
 USER_ERRORS = (OSError, ValueError, SampleError, CacheError)
 EXIT_ERROR = 1

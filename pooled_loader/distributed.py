@@ -16,33 +16,18 @@ Iterable datasets split themselves; :class:`pooled_loader.webdataset.WebDataset`
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Optional
 
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler, IterableDataset, Sampler
 
+from .core.ranks import _dist_ready, empty_rank_message, rank_and_world  # noqa: F401
+
 __all__ = ["rank_and_world", "make_distributed_sampler", "shards_by_rank",
            "warn_if_undistributed", "warn_if_starved", "empty_rank_message"]
 
 _warned_undistributed = False
-
-
-def _dist_ready() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def rank_and_world() -> tuple[int, int]:
-    """``(rank, world_size)`` from ``torch.distributed`` when it is initialised, else from the
-    environment variables ``RANK`` / ``WORLD_SIZE`` (as set by torchrun), else ``(0, 1)``."""
-    if _dist_ready():
-        return dist.get_rank(), dist.get_world_size()
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"invalid RANK={rank} / WORLD_SIZE={world} in the environment")
-    return rank, world
 
 
 def make_distributed_sampler(
@@ -63,7 +48,7 @@ def make_distributed_sampler(
             "distributed=True needs a map-style dataset (or an IterableDataset that splits "
             f"itself across ranks and sets splits_by_rank = True); got {type(dataset).__name__}"
         )
-    from .elastic import ElasticDistributedSampler  # torch's order, resumable on any world size
+    from .resume.elastic import ElasticDistributedSampler  # torch's order, resumable on any world size
     rank, world = rank_and_world()
     return ElasticDistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
@@ -106,17 +91,6 @@ def warn_if_undistributed(shuffle: bool, sampler: Optional[Sampler],
         stacklevel=4,
     )
     return True
-
-
-def empty_rank_message(samples: int, shards: int, world: int) -> Optional[str]:
-    """What to say when `samples` (in `shards` shards) split over `world` ranks leave every rank
-    with none (each rank gets samples // world, so that ranks yield equal counts); None when
-    they do not."""
-    if samples // world > 0:
-        return None
-    return (f"{samples} samples in {shards} shard(s) over {world} rank(s): every rank reads 0 "
-            f"samples per epoch (each gets {samples} // {world}, so that ranks yield equal "
-            f"counts). Use at most {samples} ranks, or more data.")
 
 
 def _length(obj: Any) -> Optional[int]:

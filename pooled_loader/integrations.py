@@ -47,7 +47,7 @@ exact where accelerate alone is not:
   state replays that very pass (:class:`_ResumableShard`).
 
 HF datasets' ``IterableDataset`` resumed in one process without ``set_epoch``: see
-pooled_loader.replay_watch.
+pooled_loader.resume.replay_watch.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
-from .errors import StateMismatch
-from .resumable_sampler import encode_generator
+from .core.errors import StateMismatch
+from .resume.sampler import encode_generator
 
 __all__ = ["patch_accelerate", "maybe_patch_accelerate"]
 
@@ -296,7 +296,7 @@ def _resumable_shard(batch_sampler: Any) -> Any:
     a torch BatchSampler of our ResumableRandomSampler (shuffle=True)."""
     from accelerate.data_loader import BatchSamplerShard
 
-    from .resumable_sampler import ResumableRandomSampler
+    from .resume.sampler import ResumableRandomSampler
     inner = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)
     if type(batch_sampler) is not BatchSamplerShard or not isinstance(inner,
                                                                        ResumableRandomSampler):

@@ -17,19 +17,19 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from .constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
-from .collate import RaggedCollate
-from .epoch import EpochSpec
-from .iterators import HostTransformIter, InProcessIter, _HandedOut
-from .pool import SlotPool
-from .resume import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
+from .core.constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
+from .ragged.collate import RaggedCollate
+from .engine.epoch import EpochSpec
+from .engine.iterators import HostTransformIter, InProcessIter, _HandedOut
+from .engine.pool import SlotPool
+from .resume.state import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
                      StateMismatch, WorkerStream, parse)
-from .seeds import rng_fingerprint
-from .state_checks import StateChecks
-from .stats import LoaderStats, report_text
-from .trace import DEFAULT_TRACE_BATCHES, TraceRecorder
-from .worker_iter import WorkerIter
-from .yielded import expose, honour_adjustment
+from .core.seeds import rng_fingerprint
+from .core.state_checks import StateChecks
+from .observability.stats import LoaderStats, report_text
+from .observability.trace import DEFAULT_TRACE_BATCHES, TraceRecorder
+from .engine.worker_iter import WorkerIter
+from .resume.yielded import expose, honour_adjustment
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -115,7 +115,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         trace: a path: keep the spans of the last `trace_batches` batches (every sample's stages
             in every worker, the main process's waits) and write them there as a Chrome trace
             (Perfetto, chrome://tracing) at the end of every epoch and at `close()`. See also
-            `trace()` and `pooled_loader.trace`.
+            `trace()` and `pooled_loader.observability.trace`.
 
     `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (docs/resume.md).
     """
@@ -251,7 +251,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         return copy.deepcopy(self._resume_raw)
 
     def _elastic_sampler(self) -> Any:
-        from .elastic import ElasticDistributedSampler
+        from .resume.elastic import ElasticDistributedSampler
         for part in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
             if isinstance(part, ElasticDistributedSampler):
                 return part
@@ -261,7 +261,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         """A merged state (`elastic.merge_rank_states`), or one rank's state from another world
         size or rank: the rest of its epoch, re-dealt to this rank of this world size. False
         when `state` is this rank's own state (the exact path)."""
-        from .elastic import check_merged, is_merged, merge_rank_states, plan_from
+        from .resume.elastic import check_merged, is_merged, merge_rank_states, plan_from
         if not is_merged(state):
             pooled = state.get("_pooled") if isinstance(state, dict) else None
             if not isinstance(pooled, dict) or (pooled.get("world_size"), pooled.get("rank")) \
@@ -287,10 +287,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if state == {}:  # torchdata's convention: nothing to restore
             self._resume = self._resume_raw = None
             return
-        from .sdl_compat import from_sdl, is_sdl_state
+        from .resume.sdl_compat import from_sdl, is_sdl_state
         if is_sdl_state(state):  # a torchdata StatefulDataLoader checkpoint
             state = from_sdl(state, self)
-        from .elastic import is_merged
+        from .resume.elastic import is_merged
         if is_merged(state) and state.get("iterable"):
             self._load_merged_streams(state)
             return
@@ -307,14 +307,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if state["_pooled"].get("loader_epoch") is not None:
             self.set_epoch(_STATE.count(state, "_pooled.loader_epoch"))
         if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
-            from .elastic import check_plan
+            from .resume.elastic import check_plan
             plan = (state["_pooled"].get("elastic") or {}).get("plan")
             check_plan(plan, len(self.dataset))
             elastic.set_plan(plan)
         self._progress = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
-        from .replay_watch import ReplayWatch  # HF datasets replay a loaded state (see there)
+        from .resume.replay_watch import ReplayWatch  # HF datasets replay a loaded state (see there)
         self._replay_watch = ReplayWatch.after_load(
             self.dataset, self.num_workers == 0 or self.persistent_workers,
             any(s.dataset_state is not None for s in resume.streams.values()))
@@ -533,7 +533,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             it = WorkerIter(self._epoch_spec())
         on_cuda = self.device is not None and self.device.type == "cuda"
         if self._pins_pool():
-            from .cuda import DeviceIter, backend_for, pin_pool
+            from .engine.cuda import DeviceIter, backend_for, pin_pool
             backend = backend_for(self)
             pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda
             if on_cuda:

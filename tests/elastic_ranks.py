@@ -10,13 +10,13 @@ import os
 import torch.distributed as dist
 
 from pooled_loader import PooledLoader
-from pooled_loader.resume import merge_rank_states
+from pooled_loader.resume.state import merge_rank_states
 from resume_datasets import Noisy
 
 
 def make(cfg: dict) -> PooledLoader:
     if cfg.get("shards"):  # WebDataset shards (counted mode), split by rank and worker
-        from pooled_loader.webdataset import WebDataset
+        from pooled_loader.shards.webdataset import WebDataset
         from test_webdataset import sample_id
         ds = WebDataset(cfg["shards"], transform=sample_id, shuffle_buffer=cfg["buffer"],
                         seed=3)

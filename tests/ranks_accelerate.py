@@ -15,7 +15,7 @@ from loader_datasets import Structured  # noqa: E402
 from test_webdataset import sample_id  # noqa: E402
 
 from pooled_loader import PooledLoader  # noqa: E402
-from pooled_loader.webdataset import WebDataset  # noqa: E402
+from pooled_loader.shards.webdataset import WebDataset  # noqa: E402
 
 
 def main(out, shards):

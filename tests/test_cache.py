@@ -21,7 +21,7 @@ from pooled_loader.cache import (
 )
 from pooled_loader.__main__ import main as cli
 from pooled_loader.cache.format import FORMAT_VERSION
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,9 +1,9 @@
-"""The shared policy numbers and helpers in pooled_loader.constants."""
+"""The shared policy numbers and helpers in pooled_loader.core.constants."""
 import pytest
 
 from pooled_loader import PooledLoader
-from pooled_loader.constants import ALIGN, default_pool_slots, round_up
-from pooled_loader.tune import Setting
+from pooled_loader.core.constants import ALIGN, default_pool_slots, round_up
+from pooled_loader.tune.trials import Setting
 
 
 @pytest.mark.parametrize("n, to, expected", [(0, 64, 0), (1, 64, 64), (64, 64, 64), (65, 64, 128),

@@ -13,8 +13,8 @@ import torch
 
 from loader_datasets import Images
 from pooled_loader import PooledLoader, SlotPool
-from pooled_loader import cuda
-from pooled_loader.cuda import DeviceIter, NormalizeImages, pin_pool, record_stream
+from pooled_loader.engine import cuda
+from pooled_loader.engine.cuda import DeviceIter, NormalizeImages, pin_pool, record_stream
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 needs_two_gpus = pytest.mark.skipif(

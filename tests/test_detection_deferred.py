@@ -1,4 +1,4 @@
-"""Instance masks resampled straight into the slot (issue 38): under a `pooled_loader.collate`
+"""Instance masks resampled straight into the slot (issue 38): under a `pooled_loader.ragged.collate`
 helper the detection transform hands out a `deferred.DeferredArray` and the ragged write fills
 the slot's view with it; batches are byte-identical to the copied ones, every deferred array is
 filled once, a failing fill is its sample's error, and every other reader gets plain arrays."""
@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from pooled_loader import PooledLoader, deferred, ragged
-from pooled_loader.collate import as_list
-from pooled_loader.deferred import DeferredArray
+from pooled_loader import PooledLoader
+from pooled_loader.core import deferred
+from pooled_loader.ragged import slots as ragged
+from pooled_loader.ragged.collate import as_list
+from pooled_loader.core.deferred import DeferredArray
 from pooled_loader.vision import DecodeImage, RandomHorizontalFlip, Resize, ToCHW
 from pooled_loader.vision.coco import CocoDetection
 from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,

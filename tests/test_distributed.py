@@ -17,9 +17,9 @@ from torch.utils.data import DistributedSampler, IterableDataset
 
 import pooled_loader.distributed as pdist
 from pooled_loader import PooledLoader
-from pooled_loader.distributed import (make_distributed_sampler, rank_and_world,
-                                       warn_if_undistributed)
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.distributed import make_distributed_sampler, warn_if_undistributed
+from pooled_loader.core.ranks import rank_and_world
+from pooled_loader.shards.webdataset import WebDataset
 
 SIZES = [5, 41, 12, 1, 33, 20, 9]  # 121 samples
 WORLD, WORKERS, BATCH = 3, 2, 8

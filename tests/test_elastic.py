@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from elastic_ranks import forked_rank, gloo_rank, make
-from pooled_loader.elastic import ElasticDistributedSampler, merge_rank_states
-from pooled_loader.resume import StateMismatch
+from pooled_loader.resume.elastic import ElasticDistributedSampler, merge_rank_states
+from pooled_loader.resume.state import StateMismatch
 from ranks import run_ranks
 from resume_datasets import Noisy
 

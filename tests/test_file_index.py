@@ -15,12 +15,12 @@ import warnings
 import numpy as np
 import pytest
 
-from pooled_loader import shards
+from pooled_loader.shards import writer as shards
 from pooled_loader.cache import CachedDataset, CacheMismatchError, build_cache
-from pooled_loader.errors import ClassMismatchError
-from pooled_loader.file_index import FileIndex, list_image_folder
+from pooled_loader.core.errors import ClassMismatchError
+from pooled_loader.core.file_index import FileIndex, list_image_folder
 from pooled_loader.vision import Compose, DecodeImage, ImageFolder, Resize
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.webdataset import WebDataset
 
 import imgutil
 

@@ -20,8 +20,8 @@ from http_shards import ShardServer
 from test_shard_index import REPO, SIZES, indexed  # noqa: F401 - a fixture: 7 indexed shards
 from test_webdataset import make_shards, sample_id
 
-from pooled_loader.shard_index import INDEX_SUFFIX, ShardIndexError, load_index
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.index import INDEX_SUFFIX, ShardIndexError, load_index
+from pooled_loader.shards.webdataset import WebDataset
 
 TOTAL = sum(SIZES)
 
@@ -164,7 +164,7 @@ def test_shards_index_refuses_a_fifo_or_device_among_the_shards(tmp_path, kind):
 def test_a_file_replaced_while_a_stream_reconnects_is_an_error_not_two_files_spliced(indexed):
     """The first response is cut after 1000 bytes; the shard is replaced before the stream
     reconnects: the rest would come from the other file. The new size gives it away."""
-    from pooled_loader import remote
+    from pooled_loader.shards import remote
     with ShardServer(os.path.dirname(indexed[0]), cut_after=1000, cuts=1) as srv:
         f = remote.open_shard(srv.url(os.path.basename(indexed[0])), retries=2, backoff_s=0)
         try:

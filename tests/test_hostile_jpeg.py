@@ -22,7 +22,7 @@ from PIL import Image, ImageFile
 
 import imgutil
 import jpegcraft
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize, ToCHW
 from pooled_loader.vision import decode
 
@@ -173,7 +173,7 @@ def test_resizing_ops_refuse_an_image_without_pixels_with_value_error():
 _RSS_CHILD = r"""
 import resource, sys, numpy as np
 sys.path.insert(0, {tests!r})
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import Compose, DecodeImage, ToCHW, decode
 if {no_ext}:
     decode._jpeg = None

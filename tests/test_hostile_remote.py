@@ -1,4 +1,4 @@
-"""pooled_loader.remote against a hostile server on 127.0.0.1 (issue 35): one that trickles its
+"""pooled_loader.shards.remote against a hostile server on 127.0.0.1 (issue 35): one that trickles its
 body, or its headers, a byte at a time, each byte well within the per-read timeout."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pooled_loader import constants
-from pooled_loader.errors import SampleError
-from pooled_loader.remote import RemoteReadError, open_shard
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.core import constants
+from pooled_loader.core.errors import SampleError
+from pooled_loader.shards.remote import RemoteReadError, open_shard
+from pooled_loader.shards.webdataset import WebDataset
 
 BODY = 100_000
 

@@ -18,12 +18,12 @@ import pytest
 from http_shards import ShardServer
 from test_webdataset import flat, make_shards, run_epoch, sample_id
 
-from pooled_loader import safe_open
-from pooled_loader.safe_open import UnsafeFileError
-from pooled_loader.shard_cache import ShardCache, cache_key
-from pooled_loader.shard_samples import count_samples, shard_samples
-from pooled_loader.trace import TraceRecorder
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.core import safe_open
+from pooled_loader.core.safe_open import UnsafeFileError
+from pooled_loader.shards.cache import ShardCache, cache_key
+from pooled_loader.shards.samples import count_samples, shard_samples
+from pooled_loader.observability.trace import TraceRecorder
+from pooled_loader.shards.webdataset import WebDataset
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -207,7 +207,7 @@ def test_short_writes_are_completed_and_writes_that_stop_are_a_disk_full_error(
 DISK_FULL = """
 import json, os, sys
 sys.path[:0] = [{repo!r}]
-from pooled_loader.shard_cache import ShardCache
+from pooled_loader.shards.cache import ShardCache
 out = {{}}
 cache = ShardCache({folder!r})
 try:
@@ -308,7 +308,7 @@ def test_a_cache_hit_is_one_open_one_flock_and_one_fstat_the_record_read_once(
     """The hit path's cost (issue 35: hits ran at 0.92x the unchecked open): after the first
     open, a hit neither reads the record again, nor ``lstat``s the name, nor clears
     ``O_NONBLOCK`` (the descriptor only holds the lock); the checks are on one ``fstat``."""
-    from pooled_loader import shard_cache
+    from pooled_loader.shards import cache as shard_cache
     with ShardServer(remote_root) as srv:
         url = srv.url(remote_names()[0])
         cache = ShardCache(str(tmp_path / "c"))
@@ -338,7 +338,7 @@ def test_a_shard_evicted_between_the_open_and_the_lock_is_looked_up_again(
     """The hit locks the descriptor it opened; if the file was unlinked (evicted) before the
     lock was taken, its ``fstat`` under the lock shows no link: it is never served, the name is
     looked up again (and, gone, downloaded again)."""
-    from pooled_loader import shard_cache
+    from pooled_loader.shards import cache as shard_cache
     name = remote_names()[0]
     good = read_bytes(os.path.join(remote_root, name))
     with ShardServer(remote_root) as srv:

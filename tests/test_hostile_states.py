@@ -14,10 +14,11 @@ import pytest
 from test_webdataset import make_shards, sample_id
 
 from elastic_ranks import make as make_elastic
-from pooled_loader import PooledLoader, shards
-from pooled_loader.elastic import merge_rank_states
-from pooled_loader.samplers import LengthGroupedSampler, TokenBudgetBatchSampler
-from pooled_loader.webdataset import WebDataset
+from pooled_loader import PooledLoader
+from pooled_loader.shards import writer as shards
+from pooled_loader.resume.elastic import merge_rank_states
+from pooled_loader.ragged.samplers import LengthGroupedSampler, TokenBudgetBatchSampler
+from pooled_loader.shards.webdataset import WebDataset
 from resume_datasets import Noisy
 
 pytestmark = [pytest.mark.timeout(120),

@@ -1,7 +1,7 @@
 """Hostile and corrupt tar shards (issue 24): each test builds its shard byte by byte.
 
 Every reader of the package (``WebDataset`` counting and reading, local and streamed,
-``read_shard_classes``) goes through ``pooled_loader.tar_reader``; a bad shard must be an error
+``read_shard_classes``) goes through ``pooled_loader.shards.tar``; a bad shard must be an error
 naming it and the offset (or a counted skip), never a hang, a MemoryError or lost samples.
 """
 from __future__ import annotations
@@ -16,13 +16,13 @@ import warnings
 import pytest
 from webdataset import TarWriter
 
-from pooled_loader.errors import SampleError, ShardFormatError
-from pooled_loader.shards import read_shard_classes, write_shards
-from pooled_loader import shard_samples as shard_samples_module
-from pooled_loader import tar_reader
-from pooled_loader.constants import MAX_TRAILING_BYTES
-from pooled_loader.tar_reader import MAX_META_BYTES, TarReader
-from pooled_loader.webdataset import WebDataset, count_samples
+from pooled_loader.core.errors import SampleError, ShardFormatError
+from pooled_loader.shards.writer import read_shard_classes, write_shards
+from pooled_loader.shards import samples as shard_samples_module
+from pooled_loader.shards import tar as tar_reader
+from pooled_loader.core.constants import MAX_TRAILING_BYTES
+from pooled_loader.shards.tar import MAX_META_BYTES, TarReader
+from pooled_loader.shards.webdataset import WebDataset, count_samples
 
 
 def octal(n, width=12):
@@ -341,7 +341,7 @@ def test_a_tiny_tar_gz_declaring_300_mib_in_one_member_is_refused_at_the_default
     sample). The default bound (256 MiB) refuses its 300 MiB member from the header, naming
     the shard, the member, the bound and the keyword, before a byte of it is decompressed."""
     import tracemalloc
-    from pooled_loader.constants import MAX_SAMPLE_BYTES
+    from pooled_loader.core.constants import MAX_SAMPLE_BYTES
     assert MAX_SAMPLE_BYTES == 256 << 20
     path = zeros_member_tar_gz(tmp_path, "bomb.tar.gz", 300 << 20)
     assert os.path.getsize(path) < 1 << 20
@@ -360,7 +360,7 @@ def test_a_tiny_tar_gz_declaring_300_mib_in_one_member_is_refused_at_the_default
 def test_max_sample_bytes_is_a_keyword_of_webdataset_and_of_shards_index(tmp_path):
     """The bound is set per dataset (an int or "4MiB"), for streamed, global-shuffle and
     indexing reads alike; the error says how to raise it."""
-    from pooled_loader.shards import main as shards_main
+    from pooled_loader.shards.writer import main as shards_main
     gz = zeros_member_tar_gz(tmp_path, "two.tar.gz", 2 << 20)
     with pytest.raises(SampleError, match=r"two\.tar\.gz: .*more than the 1048576 one sample "
                                           r"may hold in memory \(max_sample_bytes: raise it "

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from pooled_loader.tokens import HEADER, MAGIC, TokenDataset, TokenFileError, write_tokens
+from pooled_loader.ragged.tokens import HEADER, MAGIC, TokenDataset, TokenFileError, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +53,7 @@ def test_an_item_handed_out_before_the_file_is_cut_stays_readable_and_the_next_i
     write_tokens(path, [np.arange(5000) % 300 for _ in range(8)], dtype=np.uint16)
     r = run_python(f"""
         import os, numpy as np
-        from pooled_loader.tokens import TokenDataset, TokenFileError
+        from pooled_loader.ragged.tokens import TokenDataset, TokenFileError
         ds = TokenDataset({path!r})
         item = ds[7]
         os.truncate({path + '.bin'!r}, 100)
@@ -99,7 +99,7 @@ def test_a_file_cut_during_a_loader_epoch_is_an_error_naming_it_not_a_sigbus(tmp
     r = run_python(f"""
         import os
         from pooled_loader import PooledLoader
-        from pooled_loader.tokens import TokenDataset
+        from pooled_loader.ragged.tokens import TokenDataset
         collate = {"list" if collate else "None"}
         ds = TokenDataset({path!r}, seq_len=16)
         batches = 0
@@ -129,7 +129,7 @@ def test_a_sparse_2_tib_token_file_reads_under_an_address_space_limit(tmp_path):
     r = run_python(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
-        from pooled_loader.tokens import TokenDataset
+        from pooled_loader.ragged.tokens import TokenDataset
         ds = TokenDataset({path!r}, max_len=64)
         print(len(ds), ds[0].tolist(), ds[1].shape, int(ds[1].sum()))
         win = TokenDataset({path!r}, seq_len=32)

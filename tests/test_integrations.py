@@ -14,7 +14,7 @@ from test_webdataset import make_shards, sample_id
 from torch.utils.data import DataLoader
 
 from pooled_loader import PooledLoader
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.webdataset import WebDataset
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from third_party import streaming_modules, write_litdata, write_mds
 from torch.utils.data import DataLoader, IterableDataset
 
 from pooled_loader import PooledLoader
-from pooled_loader.stateful import follows_stateful
+from pooled_loader.core.stateful import follows_stateful
 
 N = 45
 

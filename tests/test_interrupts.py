@@ -236,7 +236,7 @@ def test_ctrl_c_while_a_dead_worker_is_reaped_waits_until_its_exit_code_is_recor
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    from pooled_loader.processes import _sigint_deferred, join
+    from pooled_loader.engine.processes import _sigint_deferred, join
     process = mp.get_context("fork").Process(target=os._exit, args=(3,))
     process.start()
     wait([process.sentinel])  # it has exited; nothing has reaped it yet
@@ -258,7 +258,7 @@ def test_a_worker_whose_files_close_before_it_exits_is_reaped_with_its_exit_code
     SIGKILL and the OOM killer. The child here closes its files, then exits 0.3 s later."""
     import multiprocessing as mp
 
-    from pooled_loader.processes import describe_exit, join
+    from pooled_loader.engine.processes import describe_exit, join
 
     def close_files_then_exit() -> None:
         os.closerange(3, 4096)

@@ -17,7 +17,7 @@ import pytest
 import simplejpeg
 
 import imgutil
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import (Compose, DecodeImage, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, ToCHW, backend_info)
 from pooled_loader.vision import decode

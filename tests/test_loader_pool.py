@@ -156,7 +156,7 @@ def test_a_slot_handed_to_a_writer_has_its_pages_mapped_in_one_call():
 
     import numpy as np
 
-    from pooled_loader.pool import Arena, ArenaMap
+    from pooled_loader.engine.pool import Arena, ArenaMap
     if not getattr(ArenaMap, "populate", True):
         pytest.skip("the kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
     arena = Arena(0, 8 << 20, 2)

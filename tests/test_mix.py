@@ -1,4 +1,4 @@
-"""pooled_loader.mix: weighted mixing of datasets, through PooledLoader with real worker processes
+"""pooled_loader.mix.dataset: weighted mixing of datasets, through PooledLoader with real worker processes
 (forked), real tar shards (WebDataset) and real token files; ranks are simulated as the
 library sees them without a process group (RANK/WORLD_SIZE in the environment)."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pooled_loader import PooledLoader
-from pooled_loader.elastic import merge_rank_states
-from pooled_loader.mix import Mix
-from pooled_loader.mix_order import Order, rest_after, share_of
-from pooled_loader.seeds import splitmix64
-from pooled_loader.tokens import TokenDataset, write_tokens
+from pooled_loader.resume.elastic import merge_rank_states
+from pooled_loader.mix.dataset import Mix
+from pooled_loader.mix.order import Order, rest_after, share_of
+from pooled_loader.core.seeds import splitmix64
+from pooled_loader.ragged.tokens import TokenDataset, write_tokens
 from test_webdataset import make_shards, sample_id
 
 
@@ -84,7 +84,7 @@ def source_of(x: int) -> str:
 
 # -- the order ------------------------------------------------------------------------------------
 def test_vectorised_mixer_is_seeds_splitmix64():
-    from pooled_loader.mix_order import _mix64
+    from pooled_loader.mix.order import _mix64
     x = np.array([0, 1, 12345, (1 << 63) + 5, (1 << 64) - 1], dtype=np.uint64)
     assert _mix64(x).tolist() == [splitmix64(int(v)) for v in x]
 
@@ -173,7 +173,7 @@ def test_iterable_source_first_exhausted_never_repeats():
 
 
 def test_webdataset_source_with_resume(tmp_path):
-    from pooled_loader.webdataset import WebDataset
+    from pooled_loader.shards.webdataset import WebDataset
     shards = make_shards(str(tmp_path / "s"), [30, 25, 40])
 
     def mix():
@@ -220,7 +220,7 @@ def test_a_state_saved_before_mix_had_drop_last_still_resumes():
     the same) and continue the uninterrupted run."""
     def without_drop_last(node):
         if isinstance(node, dict):
-            mix = str(node.get("format", "")).startswith("pooled_loader.mix")
+            mix = str(node.get("format", "")).startswith("pooled_loader.mix.dataset")
             return {k: without_drop_last(v) for k, v in node.items()
                     if not (mix and k == "drop_last")}
         if isinstance(node, list):

@@ -1,4 +1,4 @@
-"""pooled_loader.mix resumed on another world size with a WebDataset source: the mix's merged
+"""pooled_loader.mix.dataset resumed on another world size with a WebDataset source: the mix's merged
 state carries the source's own merged state (its remaining samples), and the resumed mix reads
 each source's rest once: real worker processes, real tar shards; ranks as the library sees them
 without a process group (RANK/WORLD_SIZE in the environment)."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from pooled_loader import PooledLoader
-from pooled_loader.elastic import merge_rank_states
-from pooled_loader.mix import Mix
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.resume.elastic import merge_rank_states
+from pooled_loader.mix.dataset import Mix
+from pooled_loader.shards.webdataset import WebDataset
 from test_mix import Ids, Stream, flat
 from test_webdataset import make_shards, sample_id
 

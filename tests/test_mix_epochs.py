@@ -1,4 +1,4 @@
-"""pooled_loader.mix across epochs and ranks: persistent workers follow `set_weights`, and every
+"""pooled_loader.mix.dataset across epochs and ranks: persistent workers follow `set_weights`, and every
 rank yields the same number of batches in every stop mode (real worker processes; ranks as the
 library sees them without a process group: RANK/WORLD_SIZE in the environment)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pooled_loader import PooledLoader
-from pooled_loader.mix import Mix
+from pooled_loader.mix.dataset import Mix
 from test_mix import BASES, SIZES, WEIGHTS, Ids, _ranks, flat, source_of
 
 

@@ -73,10 +73,10 @@ def test_every_module_imports_without_any_optional_package_but_the_vision_extra(
 print(json.dumps({"names": names, "failed": failed}))
 """, tmp_path)
     assert out["failed"] == {}
-    for public in ("pooled_loader.vision", "pooled_loader.cache", "pooled_loader.collate",
-                   "pooled_loader.samplers", "pooled_loader.tokens", "pooled_loader.resume",
-                   "pooled_loader.stats", "pooled_loader.webdataset", "pooled_loader.shards",
-                   "pooled_loader.tune", "pooled_loader.vision.decode"):
+    for public in ("pooled_loader.vision", "pooled_loader.cache", "pooled_loader.ragged.collate",
+                   "pooled_loader.ragged.samplers", "pooled_loader.ragged.tokens", "pooled_loader.resume.state",
+                   "pooled_loader.observability.stats", "pooled_loader.shards.webdataset", "pooled_loader.shards.writer",
+                   "pooled_loader.tune.trials", "pooled_loader.vision.decode"):
         assert public in out["names"]
 
 
@@ -103,8 +103,8 @@ from PIL import Image
 from pooled_loader import PooledLoader
 from pooled_loader.vision import (ImageFolder, Compose, DecodeImage, RandomResizedCrop,
                                   RandomHorizontalFlip, ToCHW)
-from pooled_loader.shards import write_shards
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.writer import write_shards
+from pooled_loader.shards.webdataset import WebDataset
 
 rng = np.random.default_rng(0)
 for c in ("cat", "dog"):
@@ -141,7 +141,7 @@ def test_the_demo_exits_non_zero_with_one_line_when_pooled_loader_cannot_run(tmp
 def test_tune_writes_its_json_without_matplotlib(tmp_path):
     out = run_json(("matplotlib",), """
 import json
-from pooled_loader.tune_report import write_plot
+from pooled_loader.tune.report import write_plot
 print(json.dumps({"wrote": write_plot([], {}, "x.png", "t")}))
 """, tmp_path)
     assert out["wrote"] is False

@@ -9,8 +9,8 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from pooled_loader import PooledLoader
-from pooled_loader.collate import Packed, Padded, as_list, packed, pad
-from pooled_loader.cuda import DeviceIter
+from pooled_loader.ragged.collate import Packed, Padded, as_list, packed, pad
+from pooled_loader.engine.cuda import DeviceIter
 from test_cuda import ManualBackend
 
 # The comparisons keep every batch of an epoch: the pool grows (and says so), as it should.
@@ -276,7 +276,7 @@ def test_the_device_stage_copies_the_used_bytes_not_the_slot():
 
 
 def test_size_classes_are_page_aligned_and_waste_under_a_fifth():
-    from pooled_loader.size_classes import SIZE_CLASS_FLOOR, size_class
+    from pooled_loader.engine.size_classes import SIZE_CLASS_FLOOR, size_class
     previous = 0
     for n in [1, 4096, SIZE_CLASS_FLOOR, SIZE_CLASS_FLOOR + 1, 10**6, 3 * 2**20 + 5, 10**9]:
         c = size_class(n)

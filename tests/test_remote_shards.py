@@ -1,4 +1,4 @@
-"""Remote shards (pooled_loader.remote through pooled_loader.webdataset): http:// from a local
+"""Remote shards (pooled_loader.shards.remote through pooled_loader.shards.webdataset): http:// from a local
 server that cuts and resets its responses, with and without Range support; pipe: commands;
 fsspec URLs. Every sample must arrive exactly once."""
 
@@ -12,10 +12,10 @@ import pytest
 from http_shards import ShardServer
 from test_webdataset import flat, make_shards, run_epoch, sample_id
 
-from pooled_loader import remote
-from pooled_loader.errors import SampleError
-from pooled_loader.remote import RemoteReadError, open_shard
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards import remote
+from pooled_loader.core.errors import SampleError
+from pooled_loader.shards.remote import RemoteReadError, open_shard
+from pooled_loader.shards.webdataset import WebDataset
 
 SIZES = [7, 13, 4, 9]  # 33 samples; each shard is several KB of tar blocks
 FAST = {"retry_backoff_s": 0.01}

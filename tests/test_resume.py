@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pooled_loader import PooledLoader
-from pooled_loader.resume import ResumableRandomSampler, StateMismatch, sample_seed
+from pooled_loader.resume.state import ResumableRandomSampler, StateMismatch, sample_seed
 from resume_datasets import Noisy, SeededPermutation, StatefulStream, Stream
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create",
@@ -277,7 +277,7 @@ def test_resume_semantics_match_torchdata_stateful_dataloader(kind):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batches_staged_ahead_for_the_device_count_only_once_handed_out(workers):
     from test_cuda import ManualBackend  # the CUDA runtime's stand-in: copies are clones
-    from pooled_loader.cuda import DeviceIter
+    from pooled_loader.engine.cuda import DeviceIter
     from pooled_loader.loader import _HandedOut
     loader = PooledLoader(Noisy(12), batch_size=2, num_workers=workers)
     base = loader._get_iterator()

@@ -126,7 +126,7 @@ def test_webdataset_resumes_through_the_loader_with_its_own_state(tmp_path):
     """The loader calls WebDataset.state_dict() inside each worker and restores it there; the
     resumed loader continues each worker's stream mid-shard."""
     import webdataset as wds
-    from pooled_loader.webdataset import WebDataset
+    from pooled_loader.shards.webdataset import WebDataset
     gid = 0
     for s, size in enumerate([7, 5, 9, 6]):
         with wds.TarWriter(str(tmp_path / f"shard-{s}.tar"), encoder=False) as w:

@@ -86,7 +86,7 @@ def test_end_of_epoch_state_of_a_self_resetting_stream_gives_the_full_next_epoch
 
 # -- 2. saved inside an epoch's last step, restarted at the next epoch --------------------------
 def _webdataset(root):
-    from pooled_loader.webdataset import WebDataset
+    from pooled_loader.shards.webdataset import WebDataset
     from test_webdataset import sample_id
     return WebDataset(root, transform=sample_id, shuffle_buffer=4, seed=3)
 
@@ -173,8 +173,8 @@ def test_state_saved_inside_the_last_step_restarts_at_the_epoch_set(kind, worker
 
 # -- 3. a save soon after a resume ------------------------------------------------------------
 def _streams(kind, root):
-    from pooled_loader import shards
-    from pooled_loader.webdataset import WebDataset
+    from pooled_loader.shards import writer as shards
+    from pooled_loader.shards.webdataset import WebDataset
     from test_webdataset import make_shards, sample_id
     if kind == "hf":
         import datasets

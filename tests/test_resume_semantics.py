@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import RandomSampler
 
 from pooled_loader import PooledLoader
-from pooled_loader.resume import StateMismatch
-from pooled_loader.wds_state import check_state_values
+from pooled_loader.resume.state import StateMismatch
+from pooled_loader.shards.state import check_state_values
 from resume_datasets import (CountingMap, CursorStream, EpochStream, Noisy, SelfIterator,
                              StatefulStream)
 from test_resume import plain

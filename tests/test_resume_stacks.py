@@ -14,8 +14,8 @@ import pytest
 from test_webdataset import make_shards, sample_id
 
 from pooled_loader import PooledLoader
-from pooled_loader.resume import merge_rank_states
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.resume.state import merge_rank_states
+from pooled_loader.shards.webdataset import WebDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import Dataset
 
 from pooled_loader import PooledLoader
-from pooled_loader.collate import pad
-from pooled_loader.samplers import LengthGroupedSampler, TokenBudgetBatchSampler
+from pooled_loader.ragged.collate import pad
+from pooled_loader.ragged.samplers import LengthGroupedSampler, TokenBudgetBatchSampler
 
 
 def lognormal_lengths(n=3000, seed=0):

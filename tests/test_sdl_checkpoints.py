@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pooled_loader import PooledLoader
-from pooled_loader.resume import StateMismatch
+from pooled_loader.resume.state import StateMismatch
 from resume_datasets import Noisy, Stream
 
 sdl_module = pytest.importorskip("torchdata.stateful_dataloader")
@@ -250,7 +250,7 @@ def test_distributed_statefuldataloader_states_resume_per_rank_then_on_another_w
     epoch is covered once."""
     from torch.utils.data import DistributedSampler
 
-    from pooled_loader.resume import merge_rank_states
+    from pooled_loader.resume.state import merge_rank_states
     n, world = 13, 2
 
     def sdl(rank):

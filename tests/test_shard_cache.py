@@ -1,4 +1,4 @@
-"""pooled_loader.shard_cache through WebDataset and on its own: a local HTTP server counts the
+"""pooled_loader.shards.cache through WebDataset and on its own: a local HTTP server counts the
 requests per shard; real worker processes, real files, real flocks, a real kill -9."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import webdataset as wds
 from http_shards import ShardServer
 from test_webdataset import flat, make_shards, run_epoch, sample_id
 
-from pooled_loader.errors import SampleError
-from pooled_loader.shard_cache import ShardCache, cache_key, parse_bytes
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.core.errors import SampleError
+from pooled_loader.shards.cache import ShardCache, cache_key, parse_bytes
+from pooled_loader.shards.webdataset import WebDataset
 
 SIZES = [20] * 10  # 200 samples, ten shards of equal size
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -170,7 +170,7 @@ READER = """
 import json, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_webdataset import flat, run_epoch, sample_id
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.webdataset import WebDataset
 ds = WebDataset({urls!r}, transform=sample_id, cache_dir={cache!r}, prefetch_shards=2)
 print(json.dumps(sorted(flat(run_epoch(ds, 0)))))
 """
@@ -195,7 +195,7 @@ def test_two_loaders_in_separate_processes_download_each_shard_once(shard_root, 
 DOWNLOADER = """
 import sys
 sys.path[:0] = [{repo!r}]
-from pooled_loader.shard_cache import ShardCache
+from pooled_loader.shards.cache import ShardCache
 ShardCache({cache!r}).open({url!r})
 """
 
@@ -235,7 +235,7 @@ def test_kill_9_during_a_download_leaves_no_usable_partial_shard(tmp_path):
 
 def test_with_an_index_nothing_is_read_to_count_and_downloads_are_checked(shard_root,
                                                                          tmp_path):
-    from pooled_loader.shard_index import write_index
+    from pooled_loader.shards.index import write_index
     for n in names(3):
         write_index(os.path.join(shard_root, n))
     with ShardServer(shard_root) as srv:

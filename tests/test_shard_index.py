@@ -1,5 +1,5 @@
-"""pooled_loader.shard_index (the sidecar index, its CLI, untrusted index files) and
-pooled_loader.global_shuffle through WebDataset(shuffle="global"): real worker processes,
+"""pooled_loader.shards.index (the sidecar index, its CLI, untrusted index files) and
+pooled_loader.shards.global_shuffle through WebDataset(shuffle="global"): real worker processes,
 local files, HTTP Range requests and the shard cache."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from http_shards import ShardServer
 from test_webdataset import fake_worker, flat, make_image_folder, make_shards, run_epoch, \
     sample_id
 
-from pooled_loader import PooledLoader, shards
-from pooled_loader.errors import ShardFormatError
-from pooled_loader.global_shuffle import consumed_positions
-from pooled_loader.shard_index import (INDEX_SUFFIX, MAX_INDEX_BYTES, ShardIndexError,
+from pooled_loader import PooledLoader
+from pooled_loader.shards import writer as shards
+from pooled_loader.core.errors import ShardFormatError
+from pooled_loader.shards.global_shuffle import consumed_positions
+from pooled_loader.shards.index import (INDEX_SUFFIX, MAX_INDEX_BYTES, ShardIndexError,
                                        build_index, load_index, parse_index, write_index)
-from pooled_loader.shard_samples import shard_samples
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards.samples import shard_samples
+from pooled_loader.shards.webdataset import WebDataset
 
 SIZES = [5, 41, 12, 1, 33, 20, 9]  # uneven on purpose; 121 samples
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +109,7 @@ def test_global_shuffle_without_an_index_says_how_to_make_one(tmp_path):
     with pytest.raises(ValueError, match="shuffle must be 'shards' or 'global'"):
         WebDataset(paths, shuffle="yes")
     assert sorted(WebDataset(paths, transform=sample_id)) == list(range(7))  # today's way
-    assert parse_index(b'{"format": "pooled_loader.shard_index/1", "shard_bytes": 0, '
+    assert parse_index(b'{"format": "pooled_loader.shards.index/1", "shard_bytes": 0, '
                        b'"sha256": null, "offsets": [], "sizes": []}', "x").offsets == ()
 
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from pooled_loader.shard_urls import MAX_EXPANDED_URLS, base_plus_ext, expand_urls
+from pooled_loader.shards.urls import MAX_EXPANDED_URLS, base_plus_ext, expand_urls
 
 PATTERNS = ["data-{0000..0012}.tar", "a.tar::b-{1..3}.tar", "{train,val}/s-{00..02}.tar",
             "s-{0..10..3}.tar", "s-{a..e}.tar", "plain.tar", "s-{10..1}.tar", "x{a}.tar",

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 
 from imgutil import make_folder
 from pooled_loader import PooledLoader
-from pooled_loader.stats import gather, ranks_text, stragglers
+from pooled_loader.observability.stats import gather, ranks_text, stragglers
 from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
                                   RandomResizedCrop, ToCHW)
 from pooled_loader.vision.base import Op
@@ -212,7 +212,7 @@ def test_gather_without_a_process_group_is_this_process_alone():
 
 def test_copies_to_the_device_are_booked_as_h2d_in_the_main_process(tmp_path):
     from test_cuda import ManualBackend  # stands in for the CUDA runtime
-    from pooled_loader.cuda import DeviceIter
+    from pooled_loader.engine.cuda import DeviceIter
     loader = PooledLoader(SlowItems(n=16, sleep_s=0.0), batch_size=4, trace=str(tmp_path / "t"))
     backend = ManualBackend()
     it = DeviceIter(iter(loader), torch.device("cpu"), depth=2, backend=backend)

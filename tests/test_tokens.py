@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from pooled_loader import PooledLoader
-from pooled_loader.collate import packed
-from pooled_loader.samplers import TokenBudgetBatchSampler
-from pooled_loader.tokens import TokenDataset, TokenFileError, write_tokens
+from pooled_loader.ragged.collate import packed
+from pooled_loader.ragged.samplers import TokenBudgetBatchSampler
+from pooled_loader.ragged.tokens import TokenDataset, TokenFileError, write_tokens
 
 # The comparisons keep every batch of an epoch: the pool grows (and says so), as it should.
 pytestmark = pytest.mark.filterwarnings("ignore:PooledLoader. every slot")

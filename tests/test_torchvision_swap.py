@@ -323,7 +323,7 @@ def test_a_transform_changed_between_epochs_is_read_again(folder, caplog):
 
 @pytest.mark.timeout(60)
 def test_a_fifo_named_like_an_image_is_refused_not_waited_on(tmp_path):
-    from pooled_loader.errors import SampleError
+    from pooled_loader.core.errors import SampleError
     imgutil.write(str(tmp_path / "a" / "ok.jpg"), imgutil.jpeg("astronaut", (64, 64)))
     os.mkfifo(tmp_path / "a" / "x.jpg")
     transform = v1.Compose([v1.CenterCrop(32), v1.PILToTensor()])

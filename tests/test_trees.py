@@ -1,4 +1,4 @@
-"""The one tree walker (pooled_loader.trees) and the formats built on it (layout specs, the cache's
+"""The one tree walker (pooled_loader.core.trees) and the formats built on it (layout specs, the cache's
 JSON layout, cuda's map over tensors)."""
 import collections
 import json
@@ -9,9 +9,10 @@ import torch
 
 from compare import assert_same
 
-from pooled_loader import layout, trees
+from pooled_loader.engine import layout
+from pooled_loader.core import trees
 from pooled_loader.cache import format as cache_format
-from pooled_loader.cuda import map_tensors
+from pooled_loader.engine.cuda import map_tensors
 
 Point = collections.namedtuple("Point", "x y")
 

@@ -1,4 +1,4 @@
-"""pooled_loader.tune: a short real sweep (real JPEGs, real worker processes) and the search."""
+"""pooled_loader.tune.trials: a short real sweep (real JPEGs, real worker processes) and the search."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import torch
 
 import imgutil
 from pooled_loader import PooledLoader
-from pooled_loader.tune import (KNOBS, Setting, confirm, coordinate_descent, main,
+from pooled_loader.tune.trials import (KNOBS, Setting, confirm, coordinate_descent, main,
                                  recommended_line)
 
 TRIAL_KEYS = {
@@ -177,7 +177,7 @@ def test_coordinate_descent_stops_when_time_is_up():
 @pytest.mark.timeout(120)
 def test_tune_on_a_cache_uses_the_random_tail(folder, tmp_path, capsys):
     from pooled_loader.cache import build_cache
-    from pooled_loader.tune import make_dataset
+    from pooled_loader.tune.trials import make_dataset
     from pooled_loader.vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize
 
     # built by a worker process: OpenCV's thread pool, once used here, can deadlock a forked

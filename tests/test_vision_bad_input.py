@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import imgutil
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToCHW)
 from pooled_loader.vision import decode

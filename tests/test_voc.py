@@ -12,7 +12,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from pooled_loader import PooledLoader
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import DecodeImage, Resize, ToCHW
 from pooled_loader.vision.detection import DetectionCompose, SanitizeBoundingBoxes
 from pooled_loader.vision.detection_batch import detection_collate, per_image

@@ -1,4 +1,4 @@
-"""pooled_loader.webdataset and pooled_loader.shards on real tar files, with real worker
+"""pooled_loader.shards.webdataset and pooled_loader.shards.writer on real tar files, with real worker
 processes (PooledLoader once the core has landed, torch's DataLoader before)."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from webdataset.tariterators import tarfile_samples
 
-import pooled_loader.webdataset as pwds
+import pooled_loader.shards.webdataset as pwds
 from pooled_loader import PooledLoader
-from pooled_loader import shards
-from pooled_loader.errors import SampleError
-from pooled_loader.wds_plan import plan_piece, slot_share
-from pooled_loader.webdataset import WebDataset, count_samples, expand_shards
+from pooled_loader.shards import writer as shards
+from pooled_loader.core.errors import SampleError
+from pooled_loader.shards.plan import plan_piece, slot_share
+from pooled_loader.shards.webdataset import WebDataset, count_samples, expand_shards
 
 SIZES = [5, 41, 12, 1, 33, 20, 9]  # uneven on purpose; 121 samples
 
@@ -305,7 +305,7 @@ def test_on_error_validated(shard_dir):
         WebDataset(shard_dir, on_error="ignore")
 
 
-# -- shards.py ---------------------------------------------------------------------------------
+# -- shards/writer.py ---------------------------------------------------------------------------------
 def make_image_folder(root, per_class=5, classes=("ant", "bee", "cat")):
     rng = np.random.default_rng(0)
     for c in classes:

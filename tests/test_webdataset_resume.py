@@ -12,8 +12,8 @@ import pytest
 from http_shards import ShardServer
 from test_webdataset import fake_worker, make_shards, sample_id
 
-from pooled_loader import remote
-from pooled_loader.webdataset import WebDataset
+from pooled_loader.shards import remote
+from pooled_loader.shards.webdataset import WebDataset
 
 SIZES = [6, 11, 4, 9]  # 30 samples
 

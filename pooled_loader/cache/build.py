@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import safe_open
+from ..core import safe_open
 from .._cli import one_line
-from ..errors import WorkerError
+from ..core.errors import WorkerError
 from ..loader import PooledLoader
-from ..progress import progress_bar
+from ..observability.progress import progress_bar
 from .fingerprint import SavedRng, digest, fingerprint_info, sample_identity, source_root
 from .format import (
     DATA_START, FORMAT_VERSION, JOURNAL_HEADER_MAX, JOURNAL_VERSION, STATE_BUILDING,

@@ -16,8 +16,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..progress import progress_bar
-from ..safe_open import open_regular
+from ..observability.progress import progress_bar
+from ..core.safe_open import open_regular
 from .fingerprint import digest, fingerprint_info, variant_for_epoch
 from .format import (
     PREAMBLE_SIZE, VAR_KINDS, CacheFormatError, CacheIncompleteError, CacheMismatchError,

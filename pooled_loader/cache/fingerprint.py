@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..file_index import FileIndex
-from ..seeds import splitmix64
+from ..core.file_index import FileIndex
+from ..core.seeds import splitmix64
 
 def _stable_repr(obj: Any) -> str:
     """``repr`` without memory addresses, so it is the same in every process and run."""

@@ -61,10 +61,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import trees
-from ..constants import ALIGN, round_up
-from ..safe_open import open_regular
-from ..errors import (  # noqa: F401  (the cache's errors, importable from here as before)
+from ..core import trees
+from ..core.constants import ALIGN, round_up
+from ..core.safe_open import open_regular
+from ..core.errors import (  # noqa: F401  (the cache's errors, importable from here as before)
     CacheError, CacheFormatError, CacheIncompleteError, CacheMismatchError, CacheRecordError,
     CacheSampleError,
 )

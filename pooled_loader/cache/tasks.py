@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SampleError
+from ..core.errors import SampleError
 from .fingerprint import sample_file, sample_identity, seed_everything
 from .format import (VAR_KINDS, align, entry_dtype, infer_layout, infer_layout_from_tree,
                      leaf_to_array, leaf_values, pwrite_all, reserve)

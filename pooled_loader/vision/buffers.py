@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from pooled_loader.safe_open import open_regular_stat
+from pooled_loader.core.safe_open import open_regular_stat
 
 
 class Scratch:

@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pooled_loader.deferred import accepting
-from pooled_loader.errors import SampleError
-from pooled_loader.safe_open import open_regular
+from pooled_loader.core.deferred import accepting
+from pooled_loader.core.errors import SampleError
+from pooled_loader.core.safe_open import open_regular
 
 MAX_ANNOTATION_BYTES = 4 << 30  # COCO's train2017 instances file is 448 MB
 MAX_IMAGE_BYTES = 256 << 20  # larger files are refused before they are read

@@ -15,7 +15,7 @@ buffer is a grow-only scratch buffer; the decode buffer is sized for the image's
 sample (see ``stats()``). The last stage writes into the caller's ``out`` when shape and dtype
 match.
 
-Each call books its time per stage on ``pooled_loader.stages.CLOCK`` ("decode", "crop_resize"
+Each call books its time per stage on ``pooled_loader.observability.stages.CLOCK`` ("decode", "crop_resize"
 for a resize with what is folded into it, else the op's name: "flip", "normalize", ...), which
 the loader reports in ``stats()["stages"]``: one clock read per stage.
 """
@@ -27,7 +27,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from pooled_loader.stages import CLOCK, perf_counter_ns
+from pooled_loader.observability.stages import CLOCK, perf_counter_ns
 from pooled_loader.vision.base import Box, Op, Resampler, Spec
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,

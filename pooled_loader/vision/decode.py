@@ -49,7 +49,7 @@ except ImportError as _missing:  # the `vision` extra is not installed
         f"pooled_loader.vision needs {_PACKAGE.get(_missing.name, _missing.name)}, which is not "
         "installed: pip install 'pooled-loader[vision]'", name=_missing.name) from _missing
 
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import jpeg_markers
 from pooled_loader.vision.base import Box, Op, Spec, deliver, fits
 

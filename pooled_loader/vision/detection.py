@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pooled_loader.deferred import DeferredArray
+from pooled_loader.core.deferred import DeferredArray
 from pooled_loader.vision.base import Spec, fits
 from pooled_loader.vision.buffers import Scratch
 from pooled_loader.vision.decode import DecodeImage, decode_into, read_header
@@ -270,7 +270,7 @@ class DetectionCompose:
 
     def __call__(self, image: Any, target: dict | None = None, out: np.ndarray | None = None,
                  defer_masks: bool = False) -> tuple[np.ndarray, dict | None]:
-        """``defer_masks``: masks come out as a ``pooled_loader.deferred.DeferredArray``,
+        """``defer_masks``: masks come out as a ``pooled_loader.core.deferred.DeferredArray``,
         resampled when the ragged collate fills the slot with them (``CocoDetection`` asks for
         it while the batch's collate accepts them)."""
         if os.getpid() != self._pid:

@@ -4,7 +4,7 @@
 ``(image, target)`` (a CHW image and a dict of per-instance arrays, as
 :class:`~pooled_loader.vision.detection.DetectionCompose` makes them). Under ``PooledLoader``
 the worker writes the batch straight into the shared-memory slot and the main process gets views
-of it (``pooled_loader.ragged``); with a DataLoader it is an ordinary collate function giving the
+of it (``pooled_loader.ragged.slots``); with a DataLoader it is an ordinary collate function giving the
 same values.
 
 - ``images="stack"``: every image has one size (a fixed-size resize): one [B, C, H, W] tensor.
@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from pooled_loader import ragged as _ragged
-from pooled_loader.collate import RaggedCollate, as_list
-from pooled_loader.layout import Leaf, as_numpy
+from pooled_loader.ragged import slots as _ragged
+from pooled_loader.ragged.collate import RaggedCollate, as_list
+from pooled_loader.engine.layout import Leaf, as_numpy
 
 
 class ImageBatch(NamedTuple):

@@ -6,9 +6,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pooled_loader.class_check import check_classes
-from pooled_loader.errors import SampleError
-from pooled_loader.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
+from pooled_loader.vision.class_check import check_classes
+from pooled_loader.core.errors import SampleError
+from pooled_loader.core.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
                                       list_image_folder)
 from pooled_loader.vision.buffers import Scratch, read_file
 from pooled_loader.vision.compose import Compose
@@ -23,7 +23,7 @@ class ImageFolder:
     """``root/<class>/**/<image>`` -> ``(transform(encoded bytes), class index)``.
 
     Classes, ``class_to_idx``, ``samples``/``imgs`` and ``targets`` follow torchvision's
-    ImageFolder (listing: ``pooled_loader.file_index.list_image_folder``; ``include_hidden`` and
+    ImageFolder (listing: ``pooled_loader.core.file_index.list_image_folder``; ``include_hidden`` and
     ``allow_empty`` are passed to it). The file list is kept in numpy buffers (``file_index``),
     so forked workers do not copy it; ``samples``/``imgs``/``targets`` are lazy read-only
     sequences over it, and assigning a list to ``samples`` or ``targets`` replaces it. The item is the

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import torchvision_plan as tp
 from pooled_loader.vision.buffers import Scratch, read_file
 from pooled_loader.vision.decode import decode_crop_into, read_header

@@ -24,7 +24,7 @@ from xml.parsers import expat
 
 import numpy as np
 
-from pooled_loader.errors import SampleError
+from pooled_loader.core.errors import SampleError
 from pooled_loader.vision.coco import MAX_IMAGE_BYTES, read_regular
 
 MAX_XML_BYTES = 1 << 20  # a VOC annotation is a few kB

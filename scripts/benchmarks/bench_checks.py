@@ -45,8 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench_wds import cpu_seconds  # noqa: E402 - this folder is the script's sys.path[0]
-from pooled_loader.shard_index import load_index, read_sample, write_index  # noqa: E402
-from pooled_loader.shard_samples import shard_samples  # noqa: E402
+from pooled_loader.shards.index import load_index, read_sample, write_index  # noqa: E402
+from pooled_loader.shards.samples import shard_samples  # noqa: E402
 from pooled_loader.tokens import TokenDataset, write_tokens  # noqa: E402
 
 BATCH = 32

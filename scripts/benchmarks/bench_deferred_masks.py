@@ -37,7 +37,8 @@ def run(ds, collate, buf, defer: bool, seed: int) -> tuple[float, int, int, int]
     import numpy as np
     import torch
 
-    from pooled_loader import deferred, ragged
+    from pooled_loader.core import deferred
+    from pooled_loader.ragged import slots as ragged
     torch.manual_seed(seed)
     np.random.seed(seed)
     n, mask_bytes = len(ds) // BATCH * BATCH, 0

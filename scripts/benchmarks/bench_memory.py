@@ -7,7 +7,7 @@
    shuffled epoch by PooledLoader workers (persistent, batch 256). Each worker's USS (private
    memory, /proc/PID/smaps) is taken after the first batch and after the epoch; the growth is
    what the worker copied of the parent's memory by touching it. Two indexes over the same files:
-   ``vision.ImageFolder`` (file list in numpy buffers, ``pooled_loader.file_index``) and the
+   ``vision.ImageFolder`` (file list in numpy buffers, ``pooled_loader.core.file_index``) and the
    torchvision-style reference, a list of ``(path, label)`` tuples read by the same loader.
 2. Total PSS (main process + workers, sampled every 0.2 s, peak and mean over two epochs) of the
    ImageNet-style pipeline (decode, RandomResizedCrop 224, flip, CHW uint8; batch 256) with

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The image pipeline over the same tar shards read from local disk and from a localhost HTTP
-server: how much of local throughput remote streaming (pooled_loader.remote) keeps.
+server: how much of local throughput remote streaming (pooled_loader.shards.remote) keeps.
 
     python scripts/benchmarks/bench_remote.py --data DIR [--epochs 3] [--warmup 1] [--batch 256] [--workers 2]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The shard cache, prefetch and global shuffle (pooled_loader.shard_cache, .global_shuffle) in
+"""The shard cache, prefetch and global shuffle (pooled_loader.shards.cache, .global_shuffle) in
 the image pipeline, against local disk; every ratio is measured within one run.
 
     python scripts/benchmarks/bench_shard_cache.py --data DIR [--part cache,prefetch,global,lru]
@@ -62,7 +62,7 @@ from bench_wds import (Sample, make_augment, resolve_shards, run_epoch,  # noqa:
                        time_epochs)
 
 from pooled_loader import PooledLoader  # noqa: E402
-from pooled_loader.shard_index import INDEX_SUFFIX, write_index  # noqa: E402
+from pooled_loader.shards.index import INDEX_SUFFIX, write_index  # noqa: E402
 from pooled_loader.webdataset import WebDataset, count_samples  # noqa: E402
 
 THROTTLED_SERVER = """
@@ -270,7 +270,7 @@ def _same_order_hits(nshards: int, capacity: int, epochs: int) -> float:
 def _old_open(self, url, *, size=None, sha256=None, wait=True):
     """``ShardCache.open`` before issue 35 (79c5d7b), its hit path copied: the cache name made
     from the URL on every open, then ``_old_pin``; a miss goes the current way."""
-    from pooled_loader.shard_cache import cache_key
+    from pooled_loader.shards.cache import cache_key
     shard = _old_pin(self, url, os.path.join(self.dir, cache_key(url)), size)
     if shard is not None:
         self.stats["hits"] += 1
@@ -283,7 +283,7 @@ def _old_pin(self, url, path, size):
     owner or record check, mtime set through the path."""
     import fcntl
 
-    from pooled_loader.shard_cache import CachedShard
+    from pooled_loader.shards.cache import CachedShard
     while True:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -309,7 +309,7 @@ def _old_pin(self, url, path, size):
 def _old_open_local(path, offset, timeout, end=None):
     """A local shard opened as before issue 35 (for ``checks``): plain ``open``, no fstat check
     of its kind."""
-    from pooled_loader.remote import _Opened
+    from pooled_loader.shards.remote import _Opened
     f = open(path, "rb")  # noqa: SIM115 - closed by the stream
     f.seek(offset)
     return _Opened(f, os.fstat(f.fileno()).st_size)
@@ -336,8 +336,8 @@ def _alternate(variants: dict, rounds: int) -> dict[str, list[float]]:
 
 
 def part_checks(shards, total, augment, args, tmp) -> None:
-    from pooled_loader import global_shuffle, remote
-    from pooled_loader.shard_cache import ShardCache
+    from pooled_loader.shards import global_shuffle, remote
+    from pooled_loader.shards.cache import ShardCache
     global _NEW_OPEN
     proc, base = start_server(os.path.dirname(shards[0]))
     new_open, new_body, new_local = ShardCache.open, remote._Body, remote._open_local

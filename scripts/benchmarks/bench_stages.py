@@ -100,7 +100,7 @@ def run_one(workload: str, data: str, epochs: int) -> dict:
 def hook_cost_ns(stages_per_sample: int, n: int = 200_000) -> float:
     """Nanoseconds a sample pays for the timings: the two clock reads and sums of the collate
     loop, plus one read and ``CLOCK.add`` per vision stage, less the same loop without them."""
-    from pooled_loader.stages import CLOCK, Collating, perf_counter_ns
+    from pooled_loader.observability.stages import CLOCK, Collating, perf_counter_ns
     CLOCK.begin(False)
     c = Collating(CLOCK)
 

@@ -57,11 +57,11 @@ sys.path.insert(0, ROOT)
 def _load() -> None:
     global pl_cache, pl_format, pl_errors, pl_tar, pl_wds, pl_decode, pl_tokens, pl_index
     import pooled_loader.cache as pl_cache
-    import pooled_loader.shard_index as pl_index
+    import pooled_loader.shards.index as pl_index
     import pooled_loader.tokens as pl_tokens
     import pooled_loader.cache.format as pl_format
     import pooled_loader.errors as pl_errors
-    import pooled_loader.tar_reader as pl_tar
+    import pooled_loader.shards.tar as pl_tar
     import pooled_loader.vision.decode as pl_decode
     import pooled_loader.webdataset as pl_wds
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import webdataset as wds  # noqa: E402
 
 from pooled_loader import PooledLoader  # noqa: E402
-from pooled_loader.shard_index import write_index  # noqa: E402
+from pooled_loader.shards.index import write_index  # noqa: E402
 from pooled_loader.webdataset import WebDataset  # noqa: E402
 
 

@@ -1,0 +1,361 @@
+"""`WorkerIter` (``num_workers > 0``): the epoch's iterator that runs worker processes.
+
+It starts the worker processes (``worker.worker_loop``), dispatches ``Task``s as DataLoader does
+(at most ``prefetch_factor * num_workers`` in flight), hands out answers in task order (or as they
+come with ``in_order=False``), gives each slot back when its batch is dropped, and stops the
+workers (``processes._shutdown``: politely, then firmly) when the epoch ends, on an error, or when
+the iterator is garbage collected. Messages: ``messages.py``; what it shares with the in-process
+iterator: ``iterators._IterBase``.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import multiprocessing
+import os
+import pickle
+import time
+import warnings
+import weakref
+from multiprocessing.connection import wait
+from typing import Any
+
+from torch.utils.data import IterDataPipe, MapDataPipe
+from torch.utils.data import dataloader as torch_dataloader
+
+from .epoch import EpochSpec
+from ..core.errors import PoolAllocationError, WorkerError
+from .interrupts import signals_held_for_start
+from .iterators import _IterBase, _worker_config
+from .messages import Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Started, Task
+from .pool import SlotRef
+from .processes import (describe_exit, is_alive, join, timeout_message, _check_fd_headroom,
+                        _forget_arena_hook, _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
+from .worker import worker_loop
+
+__all__ = ["WorkerIter"]
+
+PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork').")
+
+
+class WorkerIter(_IterBase):
+    """num_workers>0: worker processes fill slots; results come back in task order."""
+
+    def __init__(self, spec: EpochSpec) -> None:
+        super().__init__(spec)
+        self._num_workers = spec.num_workers
+        self._prefetch = spec.prefetch_factor
+        self._timeout = spec.timeout
+        self._in_order = spec.in_order
+        self._persistent = spec.persistent_workers
+        self._ctx = spec.multiprocessing_context or multiprocessing.get_context()
+        worker_init_fn = spec.worker_init_fn
+        if isinstance(spec.dataset, (IterDataPipe, MapDataPipe)):
+            # DataLoader's own wrapper: shard the graph by rank and worker, then the user's init
+            world_size, rank = torch_dataloader._get_distributed_settings()
+            worker_init_fn = functools.partial(torch_dataloader._sharding_worker_init_fn,
+                                               worker_init_fn, world_size, rank)
+        self._cfg = _worker_config(spec, self._iterable, self._seed,
+                                   worker_init_fn=worker_init_fn,
+                                   start_method=self._ctx.get_start_method())
+        self._cfg.shared_seed = self._shared_seed
+        self._epoch = 0
+        self._stopped = False
+        self._start_workers()
+
+    # -- workers -----------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        self._cfg.resume_streams = self._progress.restore
+        self._cfg.epoch = self._epoch
+        _check_fd_headroom(self._num_workers)
+        lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
+        self._cfg.close_in_child = [lifeline_w.fileno()]
+        workers = []
+        try:
+            for wid in range(self._num_workers):
+                parent, child = self._ctx.Pipe(duplex=True)
+                self._cfg.close_in_child.append(parent.fileno())
+                proc = self._ctx.Process(target=worker_loop, args=(self._cfg, wid, child,
+                                                                   lifeline_r), daemon=True)
+                workers.append(_Worker(wid, proc, parent))  # before start: a Ctrl-C stops it
+                try:
+                    with signals_held_for_start(), _gc_frozen():
+                        proc.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    warnings.warn(PICKLE_WARNING, stacklevel=4)
+                    raise
+                child.close()
+                self._cfg.close_in_child.remove(parent.fileno())
+        except BaseException as exc:
+            _shutdown(workers, lifeline_w, os.getpid())
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise OSError(exc.errno, _out_of_fds(self._num_workers)) from exc
+            raise
+        finally:
+            lifeline_r.close()
+        self._worker_states = workers
+        # What torch's own tests (and tools written against DataLoader) look at: the processes.
+        self._workers = [w.process for w in workers]
+        self._lifeline = lifeline_w
+        self._broken = self._stopped = False
+        self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w, os.getpid())
+        self._retire_hook = _forget_arena_hook(workers)
+        self._pool.on_retire_arena.append(self._retire_hook)
+        self._next_task = 0
+        self._stale: dict = {}
+        self._reset_epoch_state()
+
+    def _reset_epoch_state(self) -> None:
+        self._tasks: dict[int, tuple[_Worker, SlotRef]] = {}
+        self._task_info: dict[int, tuple[int, int]] = {}  # task id -> (place in epoch, worker)
+        self._ready: dict[int, Done | End | Failed] = {}  # answers not yet handed out
+        self._next_yield = self._next_task  # task ids grow across epochs: never reused
+        self._sampler_done = False
+        # A resumed iterable epoch keeps its interleaving: the worker after the one that
+        # delivered last goes first, and workers whose stream had ended stay idle.
+        first = (self._progress.last_worker + 1) % len(self._worker_states)
+        order = self._worker_states[first:] + self._worker_states[:first]
+        self._cycle = itertools.cycle(order)
+        for w in self._worker_states:
+            w.active = not self._progress.stream_ended(w.id)
+            w.outstanding = 0
+
+    def _stop(self) -> None:
+        self._stopped = True
+        if hasattr(self, "_worker_states"):
+            if self._retire_hook in self._pool.on_retire_arena:
+                self._pool.on_retire_arena.remove(self._retire_hook)
+            self._finalizer()
+            for tasks in (self._tasks, self._stale):  # workers are gone: nothing writes these
+                for task_id in list(tasks):
+                    self._pool.release(tasks.pop(task_id)[1])
+            self._release_ready()
+
+    def _release_ready(self) -> None:
+        """Give back the slots of batches built but never handed out."""
+        for answer in self._ready.values():
+            if type(answer) is Done:
+                self._pool.release(answer.batch.ref)
+        self._ready.clear()
+
+    def _shutdown_workers(self) -> None:
+        """DataLoader's iterator's name for stopping its workers (torch's tests call it)."""
+        self._stop()
+
+    def _stop_on_interrupt(self, exc: BaseException) -> None:
+        """Ctrl-C (or SystemExit from a signal handler) may have cut a message in half, and a
+        pool that cannot grow leaves a worker waiting for its slot: stop the workers now; the
+        next epoch starts fresh ones."""
+        if not isinstance(exc, Exception) or isinstance(exc, PoolAllocationError):
+            self._broken = True
+            self._stop()
+
+    def _reset(self, spec: EpochSpec) -> None:
+        """A new epoch on persistent workers (`PooledLoader.__iter__`), possibly from a loaded
+        state."""
+        try:
+            self._reset_workers(spec)
+        except BaseException as exc:
+            self._stop_on_interrupt(exc)
+            raise
+
+    def _reset_workers(self, spec: EpochSpec) -> None:
+        self._reset_length_check(spec)
+        self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(spec)
+        seed_before = self._seed
+        resume = self._begin_epoch(spec, first=False)
+        # Workers seeded from another base seed would not give the saved epoch's randomness, and
+        # a loaded state, as in StatefulDataLoader, starts fresh workers (fresh copies of the
+        # dataset, RNGs seeded anew) that restore it.
+        self._cfg.base_seed = self._seed
+        if (self._broken or any(not is_alive(p) for p in self._workers)
+                or self._seed != seed_before or resume is not None):
+            self._stop()
+            self._start_workers()
+            return
+        self._epoch += 1
+        self._stale.update(self._tasks)  # results of these are dropped when they arrive
+        self._release_ready()
+        self._reset_epoch_state()
+        # what the main process's dataset changed between epochs (a mix's set_weights) reaches
+        # the persistent workers' copies with the epoch
+        payload = getattr(spec.dataset, "pooled_epoch", None)
+        payload = payload() if callable(payload) else None
+        epoch = spec.epoch if hasattr(spec.dataset, "set_epoch") else None
+        for w in self._worker_states:
+            if epoch is not None or payload is not None:
+                w.conn.send(SetEpoch(epoch=epoch, payload=payload))
+            w.conn.send(Reset(epoch=self._epoch, shared_seed=self._shared_seed))
+
+    def _prepare_state(self) -> None:
+        """Before a state is taken: also wait for the start state of every worker that has not
+        sent it yet (it does so as soon as its epoch starts), as StatefulDataLoader waits for
+        its workers' start-up states."""
+        super()._prepare_state()
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while not (self._stopped or self._broken) and any(
+                w.id not in self._progress.started_workers for w in self._worker_states):
+            try:
+                self._receive(deadline)
+            except BaseException as exc:
+                self._stop_on_interrupt(exc)
+                raise
+
+    # -- dispatch and receive --------------------------------------------------------------------
+    def _try_dispatch(self) -> None:
+        """DataLoader's dispatch: at most prefetch_factor * num_workers batches in flight or
+        waiting, workers in turn; with in_order=False a worker already holding its share
+        (in flight / active workers) is passed over, so a slow one does not gather tasks."""
+        limit = self._prefetch * self._num_workers
+        # An abandoned epoch's tasks (a break) still hold slots until their answers come back:
+        # they count, or the new epoch would run the pool dry and grow it.
+        while (not self._sampler_done
+               and len(self._tasks) + len(self._ready) + len(self._stale) < limit):
+            active = sum(w.active for w in self._worker_states)
+            for _ in range(self._num_workers):
+                worker = next(self._cycle)
+                if worker.active and (self._in_order or worker.outstanding < limit // active):
+                    break
+            else:
+                return  # no active worker (or none with room)
+            payload = position = None
+            if not self._iterable:
+                try:
+                    position, payload = self._next_payload()
+                except StopIteration:
+                    self._sampler_done = True
+                    return
+            ref = self._pool.acquire()
+            task_id = self._next_task
+            self._next_task += 1
+            self._tasks[task_id] = (worker, ref)
+            worker.outstanding += 1
+            self._task_info[task_id] = (position, worker.id)
+            try:
+                worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload,
+                                      ref=ref, seed_epoch=self._sample_epoch(),
+                                      trace=self._stats.tracing))
+            except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
+                self._worker_died(worker)
+
+    def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | Started) -> None:
+        if type(msg) is Started:
+            if msg.epoch == self._epoch:  # not an abandoned epoch's
+                self._progress.stream_started(msg.worker_id, msg.snapshot, msg.items)
+            return
+        if type(msg) is NeedSlot:
+            self._pool.release(msg.old)
+            ref = self._pool.acquire(msg.nbytes)
+            if msg.task_id in self._tasks:
+                self._tasks[msg.task_id] = (worker, ref)
+            elif msg.task_id in self._stale:
+                self._stale[msg.task_id] = (worker, ref)
+            worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
+            return
+        if msg.epoch != self._epoch or msg.task_id not in self._tasks:  # an abandoned epoch's
+            self._stale.pop(msg.task_id, None)
+            self._pool.release(msg.batch.ref if type(msg) is Done else msg.ref)
+            return
+        self._tasks.pop(msg.task_id)
+        worker.outstanding -= 1
+        if type(msg) is Done:
+            self._stats.record_skips(msg.skipped)
+            self._stats.worker_busy_s[worker.id] += msg.busy_s
+            self._stats.record_batch(worker.id, msg.stages, msg.batch.num_samples, msg.busy_s,
+                                     msg.spans)
+        elif type(msg) is End:
+            worker.active = False
+            self._pool.release(msg.ref)
+        else:
+            self._stats.record_skips(msg.skipped)
+            self._pool.release(msg.ref)
+        self._ready[msg.task_id] = msg
+
+    def _receive(self, deadline: float | None) -> None:
+        live = {w.conn: w for w in self._worker_states}
+        sentinels = {w.process.sentinel: w for w in self._worker_states}
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait(list(live) + list(sentinels), timeout)
+        if not ready:
+            self._broken = True
+            self._stop()
+            raise RuntimeError(timeout_message(self._timeout))
+        for obj in ready:
+            if obj in live:
+                worker = live[obj]
+                try:
+                    while obj.poll():
+                        self._handle(worker, obj.recv())
+                except (EOFError, OSError):
+                    self._worker_died(worker)
+        for obj in ready:
+            if obj in sentinels:
+                self._worker_died(sentinels[obj])
+
+    def _worker_died(self, worker: _Worker) -> None:
+        join(worker.process, 1.0)
+        self._broken = True
+        message = describe_exit(worker.id, worker.process.pid, worker.process.exitcode)
+        self._stop()
+        raise WorkerError(message)
+
+    def __next__(self) -> Any:
+        try:
+            return self._next_batch()
+        except BaseException as exc:
+            self._stop_on_interrupt(exc)
+            raise
+
+    def _next_batch(self) -> Any:
+        started = time.perf_counter()
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            if self._broken:
+                raise RuntimeError("this PooledLoader iterator stopped after an error; "
+                                   "start a new epoch with iter(loader)")
+            self._try_dispatch()
+            answer = self._pop_ready()
+            if answer is not None:
+                position, worker_id = self._task_info.pop(answer.task_id)
+                if type(answer) is End:
+                    self._progress.delivered_end(worker_id, answer.position)
+                    continue
+                if type(answer) is Failed:
+                    _reraise(answer.error)
+                batch = self._build(answer.batch)
+                if self._iterable:
+                    self._progress.delivered_batch(worker_id, answer.position)
+                else:
+                    self._progress.delivered_task(position, worker_id, answer.position)
+                self._mark_wait(started)
+                self._check_length()
+                return batch
+            if not self._tasks and (self._sampler_done or not any(
+                    w.active for w in self._worker_states)):
+                self._progress.finish()
+                self._epoch_done()
+                if not self._persistent:
+                    self._stop()
+                raise StopIteration
+            self._receive(deadline)
+
+    def _pop_ready(self) -> Done | End | Failed | None:
+        if self._in_order:
+            answer = self._ready.pop(self._next_yield, None)
+            if answer is not None:
+                self._next_yield += 1
+            return answer
+        if self._ready:
+            return self._ready.pop(next(iter(self._ready)))
+        return None
+
+    def __del__(self) -> None:
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

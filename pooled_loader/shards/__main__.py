@@ -1,0 +1,4 @@
+"""``python -m pooled_loader.shards``."""
+from . import main
+
+raise SystemExit(main())

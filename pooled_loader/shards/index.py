@@ -1,0 +1,228 @@
+"""Shard indexes: the byte offset and size of every sample of a tar shard, in a sidecar file.
+
+Why: with them any sample can be read by position (a local seek, one HTTP Range request, or a
+seek in a cached shard), which is what a global shuffle (pooled_loader.shards.global_shuffle) needs,
+and a cache can check a downloaded shard's size and checksum.
+
+Format: next to ``data-000001.tar`` lies ``data-000001.tar.idx.json``, UTF-8 JSON::
+
+    {"format": "pooled_loader.shards.index/1", "shard_bytes": 1048576,
+     "sha256": "<hex of the whole shard>", "offsets": [1024, 3584, ...], "sizes": [2560, ...]}
+
+``offsets[i]`` is where sample ``i``'s first tar header starts and ``sizes[i]`` the bytes up to
+where the next sample starts (its headers, data and padding), as ``pooled_loader.shards.samples``
+groups members into samples (so ``shards index`` and the reader agree on what a sample is).
+Compressed shards cannot be indexed (their offsets are not file offsets).
+
+An index is untrusted input: a local one must be a regular file (a FIFO or device is refused,
+not waited on), it is read only up to ``MAX_INDEX_BYTES``, and ``parse_index`` checks the format
+tag, the types, that the samples are contiguous (each starts where the one before ends: an entry
+left out is a gap), are at least one tar header long and end at least an end-of-archive marker
+before ``shard_bytes``, and, when the shard's size is known (a local file), that it matches. Any
+failure is a ``ShardIndexError`` naming the index file. What parsing cannot see (that the
+entries are the tar's own samples, that the shard has not changed since) ``read_sample`` checks
+on every read (global shuffle reads through it).
+
+CLI: ``python -m pooled_loader shards index PATTERN`` (local shards); ``shards write`` writes the
+index of each shard it writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from . import remote
+from ..core.errors import ShardFormatError, ShardIndexError
+from ..core.safe_open import UnsafeFileError, open_regular
+from .samples import Sample, shard_samples
+
+__all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
+           "parse_index", "load_index", "index_url", "read_sample"]
+
+FORMAT = "pooled_loader.shards.index/1"
+INDEX_SUFFIX = ".idx.json"
+MAX_INDEX_BYTES = 64 << 20  # ~3 M samples per shard at ~20 bytes each; far above real shards
+TAR_BLOCK = 512  # a sample holds at least one tar header
+END_MARKER = 2 * TAR_BLOCK  # the two zero blocks that end every tar, after the last sample
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """One shard's sample positions (see the module docstring)."""
+    shard_bytes: int
+    sha256: Optional[str]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "shard_bytes": self.shard_bytes, "sha256": self.sha256,
+                "offsets": list(self.offsets), "sizes": list(self.sizes)}
+
+
+def index_url(url: str) -> str:
+    """Where the index of shard ``url`` lives (a sibling with the ``.idx.json`` suffix)."""
+    return url + INDEX_SUFFIX
+
+
+def build_index(path: str, max_sample_bytes: Optional[int] = None) -> ShardIndex:
+    """Index a local tar shard by reading it once (every sample, as the reader groups them;
+    ``max_sample_bytes`` as ``shard_samples`` takes it)."""
+    offsets, sizes = [], []
+    # refused before reading: a FIFO blocks open(), a link to /dev/zero never ends
+    with os.fdopen(open_regular(path, what="shard", follow=True), "rb") as f:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        size = os.fstat(f.fileno()).st_size
+    # the reader's own grouping, so both agree
+    for _, start, after in shard_samples(path, 0, max_sample_bytes=max_sample_bytes):
+        if start is None or after is None:
+            raise ValueError(f"{path}: a compressed shard cannot be indexed (its offsets are "
+                             "not file offsets); index the uncompressed .tar")
+        offsets.append(start)
+        sizes.append(after - start)
+    return ShardIndex(size, h.hexdigest(), tuple(offsets), tuple(sizes))
+
+
+def write_index(path: str, max_sample_bytes: Optional[int] = None) -> str:
+    """Write ``path``'s index next to it (a new file of unpredictable name, created exclusively
+    so a planted symlink is never written through, then renamed); its path."""
+    index = build_index(path, max_sample_bytes)
+    out = index_url(path)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".partial",
+                               dir=os.path.dirname(out) or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(index.to_json(), f, separators=(",", ":"))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private (0600)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out
+
+
+def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> ShardIndex:
+    """Validate index bytes read from ``where``; ``shard_bytes``: the shard's real size if
+    known. Raises ``ShardIndexError`` naming ``where`` and what is wrong."""
+    def bad(what: str) -> ShardIndexError:
+        return ShardIndexError(f"shard index {where}: {what}; rebuild it with "
+                               "`python -m pooled_loader shards index PATTERN`")
+
+    if len(data) > MAX_INDEX_BYTES:
+        raise bad(f"larger than {MAX_INDEX_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise bad("JSON nested too deeply (an index is one object of flat lists)") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise bad(f"format is {got!r}, expected {FORMAT!r}")
+    size, sha, offsets, sizes = (doc.get(k) for k in ("shard_bytes", "sha256", "offsets",
+                                                       "sizes"))
+    if not _is_int(size) or size < 0:
+        raise bad(f"shard_bytes must be an int >= 0, got {size!r}")
+    if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+        raise bad("sha256 must be 64 lowercase hex digits or null")
+    if not isinstance(offsets, list) or not isinstance(sizes, list) or len(offsets) != len(
+            sizes):
+        raise bad("offsets and sizes must be lists of the same length")
+    if len(offsets) > size // TAR_BLOCK:
+        raise bad(f"{len(offsets)} samples cannot fit in {size} bytes")
+    end = offsets[0] if offsets else 0
+    for i, (off, n) in enumerate(zip(offsets, sizes)):
+        if not (_is_int(off) and _is_int(n)) or off < max(end, 0) or n < TAR_BLOCK or (
+                off + n + END_MARKER > size):
+            raise bad(f"sample {i} (offset {off!r}, size {n!r}) is out of order, overlaps the "
+                      f"previous one, is shorter than a tar header or runs past the shard's "
+                      f"{size} bytes (less its {END_MARKER}-byte end-of-archive marker)")
+        if off != end:
+            raise bad(f"bytes {end}..{off} lie between sample {i - 1} and sample {i}: a gap "
+                      "(a sample left out of the index?)")
+        end = off + n
+    if shard_bytes is not None and shard_bytes != size:
+        raise bad(f"it is for a shard of {size} bytes, the shard has {shard_bytes} (stale)")
+    return ShardIndex(size, sha, tuple(offsets), tuple(sizes))
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def load_index(url: str, *, retries: int = remote.RETRIES,
+               backoff_s: float = remote.BACKOFF_S) -> ShardIndex:
+    """The validated index of shard ``url`` (read from ``index_url(url)``, local or remote).
+    Raises ``ShardIndexError`` saying how to make one when it is missing."""
+    where = index_url(url)
+    local = url[len("file://"):] if url.startswith("file://") else url
+    try:
+        if "://" not in local and not local.startswith("pipe:"):
+            with os.fdopen(open_regular(local + INDEX_SUFFIX, what="shard index", follow=True),
+                           "rb") as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
+        else:
+            with remote.open_shard(where, retries=retries, backoff_s=backoff_s) as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
+    except (FileNotFoundError, remote.RemoteReadError) as exc:
+        raise ShardIndexError(f"shard {url} has no readable index at {where} ({exc}); write "
+                              "one with `python -m pooled_loader shards index PATTERN`") from exc
+    except UnsafeFileError as exc:  # a FIFO, a device, a directory
+        raise ShardIndexError(f"shard index {where}: {exc.strerror}; put the index file "
+                              "itself there (`python -m pooled_loader shards index PATTERN`)"
+                              ) from None
+    size = os.path.getsize(local) if "://" not in local and os.path.isfile(local) else None
+    return parse_index(data, where, size)
+
+
+def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = None,
+                retries: int = remote.RETRIES, backoff_s: float = remote.BACKOFF_S,
+                max_sample_bytes: Optional[int] = None) -> Sample:
+    """Sample ``i`` of shard ``url`` (named ``name`` in errors) as ``index`` places it, checked
+    against the shard on the way: the shard (or the server's ``Content-Range``) has the size the
+    index records, and the bytes hold exactly one whole sample there. The first sample is read
+    from byte 0 (no sample may come before it) and the last with the two blocks after it (the
+    end-of-archive marker must follow it): with contiguity (``parse_index``) the entries are
+    then the tar's own samples, none left out or split off a member's data. A mismatch raises
+    ``ShardIndexError``; a damaged shard ``ShardFormatError``."""
+    off, n = index.offsets[i], index.sizes[i]
+    lo = 0 if i == 0 else off
+    hi = off + n + (END_MARKER if i == len(index) - 1 else 0)
+    samples = shard_samples(url, lo, end=hi, size=index.shard_bytes, retries=retries,
+                            backoff_s=backoff_s, max_sample_bytes=max_sample_bytes)
+    try:
+        sample, start, after = next(samples, (None, None, None))
+        # the last: the iteration must end at the marker, not find (part of) another member
+        more = sample is not None and hi > off + n and _continues(samples)
+    finally:
+        samples.close()
+    if sample is None or (start, after) != (off, off + n) or more:
+        found = ("none" if sample is None else f"one at bytes {start}..{after}" + (
+            ", and more members after it where the end-of-archive marker should be" if more
+            else ""))
+        raise ShardIndexError(f"shard {name or url}: its index places sample {i} at bytes "
+                              f"{off}..{off + n}, the shard holds {found}: the index does not "
+                              "fit the shard; rebuild it (`python -m pooled_loader shards "
+                              "index PATTERN`)")
+    return sample
+
+
+def _continues(samples: Iterator) -> bool:
+    """Whether a slice's iteration finds more after its first sample (another sample, or a
+    member cut by the slice's end)."""
+    try:
+        return next(samples, None) is not None
+    except ShardFormatError:
+        return True

@@ -1,0 +1,6 @@
+"""``python -m pooled_loader.tune``."""
+import sys
+
+from . import main
+
+sys.exit(main())
