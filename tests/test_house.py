@@ -1,5 +1,6 @@
 """The house rules of pooled_loader/ (issue 30): no import ring between its modules, and no
-module over 600 lines.
+module over 600 lines; (issue 41) imports point down the layer order of the sub-packages, and
+docs/layout.md draws that order as the code has it.
 
 An import counts wherever it is written (module top, inside a function, under TYPE_CHECKING):
 a lazy import that dodges a ring at run time still ties the two modules both ways. Extension
@@ -7,12 +8,51 @@ modules (``_jpeg``, ``_kernels``) import nothing of the package and are not node
 from __future__ import annotations
 
 import ast
+import importlib
 import os
+import re
 import textwrap
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "pooled_loader")
 MAX_LINES = 600
+LAYOUT_PAGE = os.path.join(os.path.dirname(PACKAGE), "docs", "layout.md")
+
+# The layers of pooled_loader/, lowest first. A module may import its own layer and any layer
+# below it, never one above. FRONT is the modules directly in pooled_loader/: the loader that
+# composes the layers, and the public import paths.
+FRONT = "front"
+LAYERS = ["core", "observability", "shards", "mix", "resume", "engine", "ragged", "vision",
+          FRONT, "cache", "tune"]
+# Imports that point up, each with its reason. The test fails on any other, and on one of these
+# that is gone (then delete it here).
+UPWARD = {
+    ("pooled_loader.vision.class_check", "pooled_loader.cache.format"):
+        "ImageFolder.check_classes reads the class list a cache file keeps in its header; cache/ "
+        "sits above vision/ because its builder runs the loader and its CLI builds a vision "
+        "pipeline, and format.py itself imports only core/",
+}
+# What users import (docs/layout.md#the-public-surface lists the same): path -> names.
+PUBLIC = {
+    "pooled_loader": ["PooledLoader", "SlotPool", "SampleError", "WorkerError",
+                      "PoolAllocationError", "get_worker_info"],
+    "pooled_loader.loader": ["PooledLoader"],
+    "pooled_loader.webdataset": ["WebDataset", "count_samples", "expand_shards"],
+    "pooled_loader.shards": ["write_shards", "read_shard_classes", "main"],
+    "pooled_loader.collate": ["pad", "packed", "as_list", "Padded", "Packed", "RaggedCollate"],
+    "pooled_loader.samplers": ["LengthGroupedSampler", "TokenBudgetBatchSampler"],
+    "pooled_loader.tokens": ["TokenDataset", "write_tokens", "main"],
+    "pooled_loader.resume": ["merge_rank_states", "ResumableRandomSampler"],
+    "pooled_loader.stats": ["gather"],
+    "pooled_loader.mix": ["Mix", "merge_mix_states"],
+    "pooled_loader.cuda": ["NormalizeImages"],
+    "pooled_loader.errors": ["SampleError", "WorkerError", "StateMismatch", "CacheError"],
+    "pooled_loader.distributed": ["rank_and_world", "make_distributed_sampler"],
+    "pooled_loader.integrations": ["patch_accelerate"],
+    "pooled_loader.tune": ["main"],
+    "pooled_loader.cache": ["build_cache", "CachedDataset", "main"],
+    "pooled_loader.vision": ["Compose", "DecodeImage", "ImageFolder"],
+}
 
 
 def _modules(root: str) -> tuple[dict[str, str], set[str]]:
@@ -150,3 +190,113 @@ def test_the_size_check_counts_lines(tmp_path):
     root = _package(tmp_path, {"__init__.py": "", "fits.py": "x = 1\n" * 600,
                                "big.py": "x = 1\n" * 601})
     assert modules_over(root, MAX_LINES) == {"pkg.big": 601}
+
+
+def subpackages(root: str) -> set[str]:
+    """The sub-packages directly under the package at `root`."""
+    return {d for d in os.listdir(root)
+            if os.path.isfile(os.path.join(root, d, "__init__.py"))}
+
+
+def layer_of(module: str, subs: set[str]) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in subs else FRONT
+
+
+def upward_imports(graph: dict[str, set[str]], subs: set[str],
+                   layers: list[str]) -> set[tuple[str, str]]:
+    """(module, what it imports) for every import that points to a higher layer."""
+    rank = {name: i for i, name in enumerate(layers)}
+    return {(m, d) for m, deps in graph.items() for d in deps
+            if rank[layer_of(m, subs)] < rank[layer_of(d, subs)]}
+
+
+def test_every_subpackage_has_its_place_in_the_layer_order():
+    assert subpackages(PACKAGE) == set(LAYERS) - {FRONT}, \
+        "a sub-package was added or removed: place it in LAYERS (and docs/layout.md)"
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph(PACKAGE)
+    found = upward_imports(graph, subpackages(PACKAGE), LAYERS)
+    unexpected = sorted(found - set(UPWARD))
+    assert not unexpected, "imports of a higher layer: " + "; ".join(
+        f"{m} ({layer_of(m, subpackages(PACKAGE))}) -> {d}" for m, d in unexpected)
+    assert not set(UPWARD) - found, f"gone, remove from UPWARD: {sorted(set(UPWARD) - found)}"
+
+
+def test_the_layer_check_finds_upward_imports_lazy_ones_and_into_the_front(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "from .top import T\n",
+        "front.py": "from .low.a import A\n",
+        "low/__init__.py": "",
+        "low/a.py": "A = 1\ndef f():\n    from ..high import b\n",  # lazy: still up
+        "low/c.py": "from .. import front\n",  # the front is above every layer but the apps
+        "high/__init__.py": "",
+        "high/b.py": "from ..low.a import A\nfrom . import d\n",  # down, and its own layer
+        "high/d.py": "",
+    })
+    layers = ["low", "high", FRONT]
+    assert upward_imports(import_graph(root), subpackages(root), layers) == {
+        ("pkg.low.a", "pkg.high.b"), ("pkg.low.c", "pkg.front")}
+
+
+def render_layers(root: str = PACKAGE, layers: list[str] = LAYERS) -> str:
+    """The layer stack of docs/layout.md, drawn from the code: top layer first, each box with
+    its module count and the layers its modules import (`!` marks an UPWARD exception)."""
+    subs = subpackages(root)
+    modules = _modules(root)[0]
+    graph = import_graph(root)
+    label = {name: (f"{name}/" if name != FRONT else "pooled_loader/*.py") for name in layers}
+    imports: dict[str, set[str]] = {name: set() for name in layers}
+    for m, deps in graph.items():
+        for d in deps:
+            imports[layer_of(m, subs)].add(layer_of(d, subs))
+    rank = {name: i for i, name in enumerate(layers)}
+    width = max(len(v) for v in label.values()) + 14
+    lines = ["┌" + "─" * width + "┐"]
+    for i, name in enumerate(reversed(layers)):
+        count = sum(1 for m in modules if layer_of(m, subs) == name)
+        box = f" {label[name]:<{width - 13}}{count:>3} modules "
+        below = [n + ("!" if rank[n] > rank[name] else "") for n in reversed(layers)
+                 if n in imports[name] and n != name]
+        lines.append(f"│{box}│ ──► {', '.join(below) if below else '(nothing of the package)'}")
+        lines.append(("├" if i < len(layers) - 1 else "└") + "─" * width
+                     + ("┤" if i < len(layers) - 1 else "┘"))
+    return "\n".join(lines)
+
+
+def _page_block(heading: str) -> str:
+    """The first ```text block after `heading` in docs/layout.md."""
+    with open(LAYOUT_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    at = page.index(heading)
+    m = re.search(r"```text\n(.*?)\n```", page[at:], re.S)
+    return m.group(1)
+
+
+def test_the_layout_page_draws_the_layers_as_the_code_has_them():
+    assert _page_block("## Layers") == render_layers(), \
+        "docs/layout.md's layer stack is out of date: paste the output of python tests/test_house.py"
+
+
+def test_the_data_path_on_the_layout_page_names_modules_that_exist():
+    block = _page_block("## The data path")
+    named = re.findall(r"\b((?:[a-z_]+/)+[a-z_]+\.py)\b", block)
+    assert len(named) >= 6, named
+    missing = [n for n in named if not os.path.isfile(os.path.join(PACKAGE, n))]
+    assert not missing, f"docs/layout.md's data path names modules that are not there: {missing}"
+
+
+def test_the_public_import_paths_keep_working_and_are_on_the_layout_page():
+    with open(LAYOUT_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    surface = page[page.index("## The public surface"):]
+    for path, names in PUBLIC.items():
+        module = importlib.import_module(path)
+        assert [n for n in names if not hasattr(module, n)] == [], path
+        assert f"`{path}`" in surface, f"{path} is not listed in docs/layout.md's public surface"
+
+
+if __name__ == "__main__":
+    print(render_layers())
