@@ -63,7 +63,7 @@ def _load() -> None:
     import pooled_loader.errors as pl_errors
     import pooled_loader.shards.tar as pl_tar
     import pooled_loader.vision.decode as pl_decode
-    import pooled_loader.webdataset as pl_wds
+    import pooled_loader.shards.webdataset as pl_wds
 
 TARGETS = ("jpeg", "tar", "cache", "state", "tokidx", "shardidx")
 SMALL_BIN = 1 << 20  # tokidx: a .bin is written at the announced size up to this
