@@ -36,6 +36,8 @@ from .worker import worker_loop
 
 __all__ = ["WorkerIter"]
 
+SETTLE_S = 60.0  # how long a dropped iterator waits for its workers' start states
+
 PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
     "Got pickle error when attempting to start a worker Process. This might be because the "
     "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
@@ -198,13 +200,28 @@ class WorkerIter(_IterBase):
         its workers' start-up states."""
         super()._prepare_state()
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
-        while not (self._stopped or self._broken) and any(
-                w.id not in self._progress.started_workers for w in self._worker_states):
+        while not (self._stopped or self._broken) and self._unstarted():
             try:
                 self._receive(deadline)
             except BaseException as exc:
                 self._stop_on_interrupt(exc)
                 raise
+
+    def _unstarted(self) -> list[int]:
+        return [w.id for w in self._worker_states if w.id not in self._progress.started_workers]
+
+    def _settle(self) -> None:
+        """Dropped mid-epoch (a `for` loop's `break`): the loader's `state_dict()` can no longer
+        ask this iterator, so collect the start states it would have waited for now (bounded:
+        `timeout`, else SETTLE_S); workers still missing are named when a state is taken."""
+        if self._stopped or self._broken or self._progress.finished:
+            return
+        deadline = time.monotonic() + (self._timeout if self._timeout > 0 else SETTLE_S)
+        try:
+            while not (self._stopped or self._broken) and self._unstarted():
+                self._receive(deadline)
+        finally:
+            self._progress.unsettled = self._unstarted()
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
@@ -356,6 +373,11 @@ class WorkerIter(_IterBase):
 
     def __del__(self) -> None:
         try:
-            self._stop()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+            self._settle()  # a Ctrl-C here still stops the workers (finally)
+        except Exception:  # noqa: BLE001 - the missing workers are named by state_dict()
             pass
+        finally:
+            try:
+                self._stop()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass

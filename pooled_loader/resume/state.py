@@ -175,6 +175,7 @@ class Progress:
     # weak method of the iterator, called before a state is taken: starts the sampler's pass
     # (so its seed is known) and waits for the workers' start states
     prepare: Any = None
+    unsettled: list[int] = field(default_factory=list)  # no start state when the iterator went
     # With a prefetching stage after the iterator (cuda.DeviceIter), a batch counts as delivered
     # only when that stage hands it to the loop: deliveries wait in `held` until `commit()`.
     deferred: bool = False
@@ -319,6 +320,11 @@ class Progress:
         prepare = self.prepare() if self.prepare is not None else None
         if prepare is not None and not self.finished:
             prepare()
+        if self.unsettled and not self.finished:
+            raise RuntimeError(
+                f"state_dict(): worker(s) {self.unsettled} had not sent their start state when "
+                f"the iterator was dropped (their start took longer than the loader's timeout, "
+                f"or 60 s); keep the iterator alive until state_dict() (`it = iter(loader)`)")
         step, sampler_state = self.sampler_snapshot
         main = {NUM_WORKERS: self.num_workers, INDEX_SAMPLER_STATE: sampler_state,
                 SAMPLER_ITER_YIELDED: self.delivered_prefix, BASE_SEED: self.base_seed}
