@@ -15,7 +15,7 @@ import pytest
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pooled_loader import PooledLoader
-from pooled_loader.elastic import merge_rank_states
+from pooled_loader.resume.elastic import merge_rank_states
 from pooled_loader.webdataset import WebDataset
 from test_webdataset import make_shards, sample_id
 
