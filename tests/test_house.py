@@ -300,3 +300,16 @@ def test_the_public_import_paths_keep_working_and_are_on_the_layout_page():
 
 if __name__ == "__main__":
     print(render_layers())
+
+
+def test_moving_a_module_never_changes_what_files_and_states_say_they_are():
+    """Format tags written into shard indexes and checkpoint states are data, not import paths:
+    a regroup of the modules must leave them as released (files and states saved before load)."""
+    from pooled_loader.mix import state as mix_state
+    from pooled_loader.resume import elastic, keys
+    from pooled_loader.shards import index
+    assert index.FORMAT == "pooled_loader.shard_index/1"
+    assert elastic.FORMAT == "pooled_loader.elastic/1"
+    assert keys.FORMAT == "pooled_loader.resume/1"
+    assert (mix_state.FORMAT, mix_state.MERGED) == ("pooled_loader.mix/1",
+                                                   "pooled_loader.mix.merged/1")

@@ -220,7 +220,7 @@ def test_a_state_saved_before_mix_had_drop_last_still_resumes():
     the same) and continue the uninterrupted run."""
     def without_drop_last(node):
         if isinstance(node, dict):
-            mix = str(node.get("format", "")).startswith("pooled_loader.mix.dataset")
+            mix = str(node.get("format", "")).startswith("pooled_loader.mix/")
             return {k: without_drop_last(v) for k, v in node.items()
                     if not (mix and k == "drop_last")}
         if isinstance(node, list):

@@ -109,7 +109,7 @@ def test_global_shuffle_without_an_index_says_how_to_make_one(tmp_path):
     with pytest.raises(ValueError, match="shuffle must be 'shards' or 'global'"):
         WebDataset(paths, shuffle="yes")
     assert sorted(WebDataset(paths, transform=sample_id)) == list(range(7))  # today's way
-    assert parse_index(b'{"format": "pooled_loader.shards.index/1", "shard_bytes": 0, '
+    assert parse_index(b'{"format": "pooled_loader.shard_index/1", "shard_bytes": 0, '
                        b'"sha256": null, "offsets": [], "sizes": []}', "x").offsets == ()
 
 

@@ -21,8 +21,11 @@ PKG_DIR = os.path.dirname(VISION_DIR)
 LAYERS = {"buffers": 0, "jpeg_markers": 0, "torchvision_plan": 0, "kernels": 1, "base": 2,
           "jitter": 2, "decode": 3, "ops": 3, "compose": 4, "folder": 5, "__init__": 6,
           "torchvision_fused": 6,
-          # detection (issue 38): geometry, then the glue, then the torchvision recogniser
-          "targets": 0, "detection": 4, "detection_batch": 4, "coco": 4, "detection_tv": 5}
+          "class_check": 0,  # (reads cache/ and shards/ headers, nothing of vision)
+          # detection (issue 38): geometry (OpenCV's transpose through kernels), the ops, the
+          # glue, the readers, then the torchvision recogniser and the loader's routed wrapper
+          "targets": 2, "detection_ops": 3, "detection": 4, "detection_batch": 4, "coco": 4,
+          "voc": 5, "detection_tv": 6, "detection_fused": 7}
 EXTENSIONS = {"_jpeg", "_kernels"}  # compiled leaves, importing nothing
 
 _LOAD_ALONE = """

@@ -40,7 +40,7 @@ from ..shards.elastic import merge_stream_states
 from .keys import (BASE_SEED, MAIN_SNAPSHOT, POOLED, SAMPLER_ITER_YIELDED, SNAPSHOT,
                          WORKER_SNAPSHOTS)
 
-FORMAT = "pooled_loader.resume.elastic/1"  # a merged state
+FORMAT = "pooled_loader.elastic/1"  # a merged state
 MAX_ROUNDS = 64  # resumes within one epoch; bounds what a (hostile) state can make us replay
 
 __all__ = ["ElasticDistributedSampler", "merge_rank_states", "is_merged", "FORMAT"]

@@ -6,7 +6,7 @@ and a cache can check a downloaded shard's size and checksum.
 
 Format: next to ``data-000001.tar`` lies ``data-000001.tar.idx.json``, UTF-8 JSON::
 
-    {"format": "pooled_loader.shards.index/1", "shard_bytes": 1048576,
+    {"format": "pooled_loader.shard_index/1", "shard_bytes": 1048576,
      "sha256": "<hex of the whole shard>", "offsets": [1024, 3584, ...], "sizes": [2560, ...]}
 
 ``offsets[i]`` is where sample ``i``'s first tar header starts and ``sizes[i]`` the bytes up to
@@ -45,7 +45,7 @@ from .samples import Sample, shard_samples
 __all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
            "parse_index", "load_index", "index_url", "read_sample"]
 
-FORMAT = "pooled_loader.shards.index/1"
+FORMAT = "pooled_loader.shard_index/1"
 INDEX_SUFFIX = ".idx.json"
 MAX_INDEX_BYTES = 64 << 20  # ~3 M samples per shard at ~20 bytes each; far above real shards
 TAR_BLOCK = 512  # a sample holds at least one tar header

@@ -46,7 +46,7 @@ import numpy as np
 from pooled_loader.vision.buffers import thread_scratch
 
 __all__ = ["crop_resize_flip_chw", "crop_resize_flip_chw_c", "crop_resize_flip_chw_opencv",
-           "resize_hwc", "flip_horizontal_", "BACKEND", "ext_available"]
+           "resize_hwc", "flip_horizontal_", "transpose_into", "BACKEND", "ext_available"]
 
 _kernels = None
 if os.environ.get("POOLED_LOADER_NO_EXT", "").strip().lower() not in ("1", "true", "yes", "on"):
@@ -185,6 +185,17 @@ def _get_cv2():
                               "(pip install opencv-python-headless)") from e
         _cv2 = cv2
     return _cv2
+
+
+def transpose_into(src: np.ndarray, dst: np.ndarray) -> bool:
+    """``dst[...] = src.T`` with OpenCV's blocked transpose (2-D, dtypes OpenCV takes); False
+    (nothing written) when OpenCV is not installed."""
+    try:
+        cv2 = _get_cv2()
+    except ImportError:
+        return False
+    cv2.transpose(src, dst=dst)
+    return True
 
 
 @functools.lru_cache(maxsize=16)

@@ -282,8 +282,8 @@ def gather_masks(m: np.ndarray, picked: Any, rows: np.ndarray, cols: np.ndarray,
     per-pixel gather or a numpy transposing copy (both ~10x slower). Column-major: the source
     columns, transposed, then the rows, straight into ``out``. False (nothing written) when
     OpenCV is absent or the masks do not suit it; :func:`gather` then does it."""
-    cv2 = _cv2()
-    if cv2 is None or not len(picked) or not out.flags.c_contiguous or m.dtype != out.dtype:
+    from pooled_loader.vision.kernels import transpose_into  # (OpenCV, loaded there lazily)
+    if not _opencv() or not len(picked) or not out.flags.c_contiguous or m.dtype != out.dtype:
         return False
     src_all, dst_all = m, out
     if m.dtype == np.bool_:  # the same bytes, as uint8
@@ -312,29 +312,26 @@ def gather_masks(m: np.ndarray, picked: Any, rows: np.ndarray, cols: np.ndarray,
         dst = dst_all[k, r0:r1, c0:c1]
         if column_major:  # stored rows are the mask's columns
             np.take(src_all[i].T, c, axis=0, out=taken, mode="clip")
-            cv2.transpose(taken, dst=turned)
+            transpose_into(taken, turned)
             np.take(turned, r, axis=0, out=dst, mode="clip")
         else:
             np.take(src_all[i], r, axis=0, out=taken, mode="clip")
-            cv2.transpose(taken, dst=turned)
+            transpose_into(taken, turned)
             np.take(turned, c, axis=0, out=cols_taken, mode="clip")
-            cv2.transpose(cols_taken, dst=back)
+            transpose_into(cols_taken, back)
             np.copyto(dst, back)
     return True
 
 
-_CV2: list = []
+_OPENCV: list = []
 
 
-def _cv2() -> Any:
-    """OpenCV when it imports, else None (asked once)."""
-    if not _CV2:
-        try:
-            import cv2
-        except ImportError:
-            cv2 = None
-        _CV2.append(cv2)
-    return _CV2[0]
+def _opencv() -> bool:
+    """True when OpenCV imports (asked once, through vision.kernels)."""
+    if not _OPENCV:
+        from pooled_loader.vision.kernels import transpose_into
+        _OPENCV.append(transpose_into(np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.uint8)))
+    return _OPENCV[0]
 
 
 def gather(m: np.ndarray, rows: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
