@@ -172,3 +172,11 @@ def test_writing_leaves_no_temporary_files_and_replaces_a_pair_whole(tmp_path):
     write_tokens(tmp_path / "c", [[4], [5, 6]])
     assert sorted(os.listdir(tmp_path)) == ["c.bin", "c.idx"]
     assert TokenDataset(tmp_path / "c")[1].tolist() == [5, 6]
+
+
+def test_a_cache_fingerprint_names_token_datasets_by_their_released_path(token_file):
+    """TokenDataset moved to pooled_loader.ragged.tokens (issue 41); a cache built from one
+    before the move must still fit, so the fingerprint keeps the released class path."""
+    from pooled_loader.cache import fingerprint_info
+    path, _ = token_file
+    assert fingerprint_info(TokenDataset(path))["class"] == "pooled_loader.tokens.TokenDataset"

@@ -29,13 +29,19 @@ def _stable_repr(obj: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
+# Modules moved into sub-packages (issue 41) that hold a map-style dataset a cache can be built
+# from: the fingerprint keeps the released class path, so caches built before the move still fit.
+_RELEASED_MODULE = {"pooled_loader.ragged.tokens": "pooled_loader.tokens"}
+
+
 def fingerprint_info(dataset: Any) -> dict:
     """What identifies ``dataset``'s output: class, length, transforms and source files.
 
     A dataset may define ``cache_fingerprint() -> str`` to replace the file-list part.
     """
     cls = type(dataset)
-    info = {"class": f"{cls.__module__}.{cls.__qualname__}", "len": len(dataset),
+    module = _RELEASED_MODULE.get(cls.__module__, cls.__module__)
+    info = {"class": f"{module}.{cls.__qualname__}", "len": len(dataset),
             "transform": _stable_repr(getattr(dataset, "transform", None)),
             "target_transform": _stable_repr(getattr(dataset, "target_transform", None))}
     h = hashlib.sha256()
