@@ -323,3 +323,26 @@ def test_states_of_torchdatas_own_samplers_resume_in_the_same_samplers(workers, 
     ours = make(PooledLoader)
     ours.load_state_dict(state)
     assert samples(rows(b) for b in ours) == samples(truth[2:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_statefuldataloader_state_claiming_more_batches_than_an_epoch_is_refused_at_once(
+        workers):
+    """Found by the state fuzzer: `_num_yielded` of 10**18 made the load replay for minutes. A
+    map-style epoch has its length: more delivered batches than that is a corrupt state."""
+    if workers:
+        state = {"_snapshot": {"_snapshot_step": 10**18, "_last_yielded_worker_id": 0,
+                               "_main_snapshot": {"_num_workers": 2, "_sampler_iter_yielded": 0,
+                                                  "_base_seed": 1, "_index_sampler_state": None,
+                                                  "_sampler_iter_state": None},
+                               "_worker_snapshots": {f"worker_{k}": {
+                                   "worker_id": k, "dataset_state": None,
+                                   "fetcher_state": None} for k in range(2)}},
+                 "_steps_since_snapshot": 0, "_iterator_finished": False}
+    else:
+        state = {"_iterator_finished": False, "_num_yielded": 10**18,
+                 "_sampler_iter_yielded": 2, "_index_sampler_state": None,
+                 "_sampler_iter_state": None, "dataset_state": None, "fetcher_state": None}
+    loader = PooledLoader(list(range(40)), batch_size=4, num_workers=workers)
+    with pytest.raises(StateMismatch, match="more than the 10 of an epoch"):
+        loader.load_state_dict(state)

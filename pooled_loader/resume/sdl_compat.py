@@ -241,6 +241,15 @@ def from_sdl(state: dict, loader: Any) -> dict:
         raise StateMismatch(f"{_LOAD} is corrupt: '{LAST_YIELDED_WORKER_ID}' is {last}, "
                             f"beyond its {len(parsed)} worker(s)")
     delivered = step + since
+    if not iterable:  # a map-style epoch has its length: more was never delivered
+        try:
+            total = len(loader._index_sampler)
+        except TypeError:
+            total = None
+        if total is not None and delivered > total:
+            raise StateMismatch(f"{_LOAD} is corrupt: it says {delivered} batches were delivered "
+                                f"('{NUM_YIELDED}', or '{SNAPSHOT_STEP}' + "
+                                f"'{STEPS_SINCE_SNAPSHOT}'), more than the {total} of an epoch")
     per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     streams, last = _streams(parsed, iterable=iterable, per_batch=per_batch,
                              delivered=delivered, since=since, last=last, finished=finished)
