@@ -162,6 +162,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
+        bind = getattr(dataset, "pooled_batch_size", None)
+        if callable(bind):  # e.g. mix.Mix: blocks of the loader's batch size, any num_workers
+            bind(self.batch_size)
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
         self._starved_checked = False  # warn_if_starved, at the first iter()

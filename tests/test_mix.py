@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import json
 import math
 import time
@@ -290,6 +291,71 @@ def test_weights_as_a_callable_of_step():
     assert all(source_of(x) == "a" for b in batches[:10] for x in b)
     assert all(source_of(x) == "b" for b in batches[10:] for x in b)
     assert batches == run(mix, workers=0)[0]
+
+
+def _default_mix(**kw) -> Mix:
+    """Three sources and no batch_size: the mix takes the loader's."""
+    return Mix({n: Ids(BASES[n], SIZES[n]) for n in SIZES}, dict(WEIGHTS), **kw)
+
+
+def test_the_default_order_does_not_depend_on_workers_or_prefetch():
+    """Nobody repeats the loader's batch size to the Mix: without it, 0 or 2 workers and any
+    prefetch give the same batches (before, 2 workers took blocks of 1 and the sequence of
+    sources moved at sample 1, with one more batch)."""
+    def batches(workers, **kw):
+        loader = PooledLoader(_default_mix(), batch_size=8, num_workers=workers, **kw)
+        return [b.tolist() for b in loader]
+
+    zero = batches(0)
+    assert len(zero) > 10
+    assert batches(2) == zero
+    assert batches(2, prefetch_factor=1) == zero
+    assert batches(2, prefetch_factor=5, persistent_workers=True) == zero
+
+
+def test_the_default_order_is_one_sequence_over_ranks(monkeypatch):
+    """Rank r of R takes global batches r, r + R, ...: interleaved, the ranks' batches are the
+    one-rank sequence."""
+    one = [b.tolist() for b in PooledLoader(_default_mix(), batch_size=8, num_workers=2)]
+    ranks, _ = _ranks(monkeypatch, 2, make=lambda: _default_mix(stop="first_exhausted",
+                                                                   drop_last=None))
+    interleaved = [b for pair in itertools.zip_longest(*ranks) for b in pair if b is not None]
+    assert interleaved == one
+
+
+def test_a_mix_batch_size_that_disagrees_with_the_loader_is_refused():
+    with pytest.raises(ValueError, match=r"Mix\(batch_size=4\) disagrees with the loader's "
+                                         r"batch_size=8"):
+        PooledLoader(_default_mix(batch_size=4), batch_size=8, num_workers=2)
+    with pytest.raises(ValueError, match="batch_size=None"):
+        PooledLoader(_default_mix(batch_size=4), batch_size=None, num_workers=2)
+    PooledLoader(_default_mix(batch_size=8), batch_size=8)  # the same: fine
+    PooledLoader(_default_mix(batch_size=1), batch_size=None)  # one sample a step: blocks of 1
+
+
+def test_a_state_saved_with_blocks_of_one_resumes_in_them():
+    """A state of the earlier default (a Mix without batch_size took blocks of 1, whatever the
+    loader's) continues the saved run exactly, with a warning that says why its order follows
+    num_workers; a Mix given its batch size still refuses it."""
+    def old_loader():
+        loader = PooledLoader(_default_mix(), batch_size=8, num_workers=2)
+        loader.dataset.batch_size = 1  # the earlier release's default, under any loader
+        return loader
+
+    full = [b.tolist() for b in old_loader()]
+    loader, head = old_loader(), []
+    for batch in loader:
+        head.append(batch.tolist())
+        if len(head) == 5:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = PooledLoader(_default_mix(), batch_size=8, num_workers=2)
+    with pytest.warns(UserWarning, match="saved with batch_size=1, not the loader's 8"):
+        resumed.load_state_dict(copy.deepcopy(state))
+    assert head + [b.tolist() for b in resumed] == full
+    with pytest.raises(ValueError, match="batch_size"):
+        PooledLoader(_default_mix(batch_size=8), batch_size=8, num_workers=2).load_state_dict(
+            copy.deepcopy(state))
 
 
 # -- elastic --------------------------------------------------------------------------------------

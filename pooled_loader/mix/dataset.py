@@ -9,8 +9,9 @@ protocol (its ``state_dict()`` rides on each worker's batch messages), skips thr
 
 The order (``mix_order``): the source drawn at each global position of an epoch is a pure function
 of (seed, epoch, position, weights in force), the same for 0 or N workers and any number of
-ranks. A (rank, worker) slot reads whole blocks of ``batch_size`` positions in turn, so with
-``batch_size=`` the loader's batch size every rank's batches are the global sequence in order.
+ranks. A (rank, worker) slot reads whole blocks of ``batch_size`` positions in turn; by default
+that is the loader's batch size (``PooledLoader`` tells the mix, ``pooled_batch_size``), so every
+rank's batches are the global sequence in order, whatever ``num_workers`` and the prefetch.
 
 Within a source:
 - map-style: draw ``j`` of source ``s`` is item ``j`` of its own order (a permutation per (seed,
@@ -42,6 +43,7 @@ from __future__ import annotations
 import copy
 import itertools
 import pickle
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -52,8 +54,8 @@ from ..core.ranks import rank_and_world
 from ..core.errors import SampleError
 from .order import (Order, rest_entries, rest_index, rest_length, rest_prefix,
                         source_items)
-from .state import (FORMAT, MERGED, account, check_state, check_weights, merge_mix_states,
-                        slot_source_state)
+from .state import (FORMAT, MAX_COUNT, MERGED, account, check_state, check_weights,
+                    merge_mix_states, slot_source_state)
 from ..core.seeds import sample_seed, seed_globals
 from ..observability.stages import CLOCK, perf_counter_ns
 from ..core.stateful import follows_stateful
@@ -74,8 +76,10 @@ class Mix(IterableDataset):
         seed: the seed of the order and of map-style sources' shuffles.
         stop: ``"first_exhausted"``, ``"all_exhausted"`` or ``"never"`` (see the module doc).
         samples_per_epoch: positions per epoch (over all ranks); required with ``"never"``.
-        batch_size: positions a slot takes in turn; the loader's batch size keeps every rank's
-            batches in the global order with any ``num_workers``.
+        batch_size: positions a slot takes in turn. None (default): the batch size of the
+            ``PooledLoader`` the mix is given to (1 under another loader), which keeps every
+            rank's batches in the global order with any ``num_workers``; a number that differs
+            from that loader's is refused.
         shuffle: read map-style sources in a seeded permutation per epoch (else in order).
         with_source: yield ``(sample, source_name)`` instead of the sample.
         on_error: ``"raise"`` or ``"skip"`` (count a failing read; its position gives nothing).
@@ -91,7 +95,7 @@ class Mix(IterableDataset):
 
     def __init__(self, sources: Mapping[str, Any], weights: Weights, *, seed: int = 0,
                  stop: str = "first_exhausted", samples_per_epoch: int | None = None,
-                 batch_size: int = 1, shuffle: bool = True, with_source: bool = False,
+                 batch_size: int | None = None, shuffle: bool = True, with_source: bool = False,
                  on_error: str = "raise", per_sample_seed: bool = False,
                  drop_last: bool | None = False) -> None:
         if not isinstance(sources, Mapping) or not sources or not all(
@@ -115,9 +119,11 @@ class Mix(IterableDataset):
             if size == 0:
                 raise ValueError(f"Mix: source {name!r} is empty")
         Order(seed=seed, epoch=0, sizes=self.sizes, weights=lambda step: (), static=True,
-              stop=stop, limit=samples_per_epoch, batch=batch_size)  # checks stop and limit
+              stop=stop, limit=samples_per_epoch, batch=batch_size or 1)  # checks stop, limit
         self.seed, self.stop, self.samples_per_epoch = int(seed), stop, samples_per_epoch
-        self.batch_size, self.shuffle, self.with_source = batch_size, bool(shuffle), with_source
+        self.batch_given = batch_size  # None: the loader's (pooled_batch_size)
+        self.batch_size, self.shuffle, self.with_source = batch_size or 1, bool(shuffle), \
+            with_source
         self.on_error, self.per_sample_seed = on_error, bool(per_sample_seed)
         self.drop_last = drop_last
         self.epoch = 0
@@ -129,6 +135,19 @@ class Mix(IterableDataset):
         self._rank_world = rank_and_world()
 
     # -- configuration --------------------------------------------------------------------------
+    def pooled_batch_size(self, batch_size: int | None) -> None:
+        """Called by `PooledLoader` with its batch size (None: one sample a step): a mix given
+        no `batch_size` takes it, so its batches are the global sequence with any number of
+        workers; one given another raises ValueError naming both."""
+        loader = batch_size or 1
+        if self.batch_given is not None and self.batch_given != loader:
+            raise ValueError(
+                f"Mix(batch_size={self.batch_given}) disagrees with the loader's batch_size="
+                f"{batch_size}: each worker would take blocks of {self.batch_given} positions, "
+                f"so the batches would depend on num_workers. Leave Mix's batch_size out (it "
+                f"takes the loader's) or give both the same")
+        self.batch_size = loader
+
     def set_weights(self, weights: Weights, from_epoch: int | None = None) -> None:
         """Use `weights` (a dict, or a callable of the global batch number) from epoch
         `from_epoch` on (default: the current epoch, i.e. after `loader.set_epoch(e)`), replacing
@@ -234,10 +253,25 @@ class Mix(IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         """Make the next `iter()` continue from `state` (this slot's, or a merged one). Sets the
         epoch and the weight schedule to the state's. Raises ValueError naming the key."""
+        self._adopt_batch_size(state)
         check_state(state, self._config(), None)
         self._adopt_schedule(state)
         self.epoch = state["epoch"]
         self._resume = state
+
+    def _adopt_batch_size(self, state: Any) -> None:
+        """A mix that took the loader's batch size resumes a state saved with another (before
+        Mix took the loader's, its default was 1) in the saved run's blocks, with a warning: its
+        positions mean those blocks. A mix given its batch size keeps refusing another."""
+        saved = state.get("batch_size") if isinstance(state, dict) else None
+        if self.batch_given is not None or saved == self.batch_size or isinstance(saved, bool) \
+                or not isinstance(saved, int) or not 1 <= saved <= MAX_COUNT:
+            return
+        warnings.warn(f"Mix: this state was saved with batch_size={saved}, not the loader's "
+                      f"{self.batch_size} (a Mix of an earlier release took blocks of 1): the "
+                      f"resumed run keeps blocks of {saved}, so its batches depend on "
+                      f"num_workers as they did; a new run takes the loader's", stacklevel=3)
+        self.batch_size = saved
 
     def _adopt_schedule(self, state: dict) -> None:
         schedule = []
@@ -256,6 +290,7 @@ class Mix(IterableDataset):
         their weight schedule, so the epochs after the resumed one use it too."""
         for state in states:
             if state is not None:
+                self._adopt_batch_size(state)
                 check_state(state, self._config(), None)
                 self._adopt_schedule(state)
 
