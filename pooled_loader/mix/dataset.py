@@ -136,17 +136,14 @@ class Mix(IterableDataset):
 
     # -- configuration --------------------------------------------------------------------------
     def pooled_batch_size(self, batch_size: int | None) -> None:
-        """Called by `PooledLoader` with its batch size (None: one sample a step): a mix given
-        no `batch_size` takes it, so its batches are the global sequence with any number of
-        workers; one given another raises ValueError naming both."""
-        loader = batch_size or 1
-        if self.batch_given is not None and self.batch_given != loader:
+        """From `PooledLoader` (None: one sample a step): a mix given no `batch_size` takes it,
+        so its batches are the global sequence with any `num_workers`; another is refused."""
+        if self.batch_given is not None and self.batch_given != (batch_size or 1):
             raise ValueError(
                 f"Mix(batch_size={self.batch_given}) disagrees with the loader's batch_size="
-                f"{batch_size}: each worker would take blocks of {self.batch_given} positions, "
-                f"so the batches would depend on num_workers. Leave Mix's batch_size out (it "
-                f"takes the loader's) or give both the same")
-        self.batch_size = loader
+                f"{batch_size}, so its batches would depend on num_workers: leave Mix's "
+                f"batch_size out (it takes the loader's) or give both the same")
+        self.batch_size = batch_size or 1
 
     def set_weights(self, weights: Weights, from_epoch: int | None = None) -> None:
         """Use `weights` (a dict, or a callable of the global batch number) from epoch
