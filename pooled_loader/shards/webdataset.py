@@ -95,8 +95,7 @@ from .state import Position, Progress
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
-# The names scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py (which also times older
-# versions of this module) reach in for, from before the shard reading moved to shard_samples.
+# Older names that scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py reach in for.
 _shard_samples, _COUNT_CACHE = shard_samples, COUNT_CACHE
 
 _SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
@@ -169,18 +168,25 @@ class WebDataset(IterableDataset):
                              "needs cache_dir= (the shards fetched ahead are kept there)")
         if samples_per_epoch is not None and samples_per_epoch < 0:
             raise ValueError(f"samples_per_epoch must be >= 0, got {samples_per_epoch}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if shuffle == "global" and (samples_per_epoch is not None or shuffle_buffer):
+            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
+                             "leave samples_per_epoch and shuffle_buffer unset")
+        if index and samples_per_epoch is not None:
+            raise ValueError("index=True counts the samples from the indexes: leave "
+                             "samples_per_epoch unset")
+        limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
+        self.max_sample_bytes = (None if max_sample_bytes is None
+                                 else parse_bytes(max_sample_bytes, "max_sample_bytes"))
         self.urls = expand_shards(urls)
         self.transform = transform
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = int(shuffle_buffer)
         self.seed = int(seed)
         self.on_error = on_error
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
         self.retries = int(retries)
         self.retry_backoff_s = float(retry_backoff_s)
-        self.max_sample_bytes = (None if max_sample_bytes is None
-                                 else parse_bytes(max_sample_bytes, "max_sample_bytes"))
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
         self._progress: Optional[Union[Progress, dict]] = None
@@ -195,21 +201,15 @@ class WebDataset(IterableDataset):
         self.prefetch_shards = int(prefetch_shards)
         self._prefetcher: Optional[Prefetcher] = None
         self._last_shard = 0  # prefetching stops there: the last shard of this worker's piece
-        self.cache = None if cache_dir is None else ShardCache(
-            cache_dir, cache_limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self.shard_sizes: Optional[list[int]] = None
         self.indexes = None
-        if shuffle == "global" and (samples_per_epoch is not None or self.shuffle_buffer):
-            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
-                             "leave samples_per_epoch and shuffle_buffer unset")
         if index or shuffle == "global":
-            if samples_per_epoch is not None:
-                raise ValueError("index=True counts the samples from the indexes: leave "
-                                 "samples_per_epoch unset")
             self.indexes = load_indexes(self.urls, skip=self._fail if on_error == "skip" else None,
                                         retries=self.retries, backoff_s=self.retry_backoff_s)
             self.shard_sizes = [len(ix) for ix in self.indexes]
             samples_per_epoch = sum(self.shard_sizes)
+        self.cache = None if cache_dir is None else ShardCache(  # made once all is checked
+            cache_dir, limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self._index_of = dict(zip(self.urls, self.indexes or ()))
         self._global: Optional[global_shuffle.GlobalReader] = None
         if shuffle == "global":
