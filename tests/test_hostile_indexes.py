@@ -16,10 +16,12 @@ import subprocess
 import sys
 
 import pytest
+import webdataset as wds
 from http_shards import ShardServer
 from test_shard_index import REPO, SIZES, indexed  # noqa: F401 - a fixture: 7 indexed shards
-from test_webdataset import make_shards, sample_id
+from test_webdataset import flat, make_shards, run_epoch, sample_id
 
+from pooled_loader import PooledLoader
 from pooled_loader.shards.index import INDEX_SUFFIX, ShardIndexError, load_index
 from pooled_loader.shards.webdataset import WebDataset
 
@@ -176,3 +178,83 @@ def test_a_file_replaced_while_a_stream_reconnects_is_an_error_not_two_files_spl
                 f.read()
         finally:
             f.close()
+
+
+# -- issue 45: an index older than its shard -----------------------------------------------------
+REWRITTEN = list(range(1000, 1010))  # 10 samples where shard 2 had 12, in as many bytes
+SHARD_2 = range(46, 58)  # shard 2's ids (after 5 + 41)
+
+
+def rewrite(path, ids):
+    """``path`` written again, same name, with the samples ``ids`` (other content), to its old
+    size and with a later mtime, as a re-export gives it: only what the index places where
+    can tell the two shards apart."""
+    size, mtime = os.path.getsize(path), os.stat(path).st_mtime_ns
+    with wds.TarWriter(path, encoder=False, mtime=0) as w:
+        for g in ids:
+            w.write({"__key__": f"{g:06d}", "txt": str(g).encode(), "cls": b"0"})
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))
+    assert os.path.getsize(path) == size
+
+
+def released(paths):
+    """The indexes as the last release wrote them: without the shard's mtime."""
+    for p in paths:
+        edit_index(p, lambda d: d.pop("shard_mtime_ns", None))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("written_by", ["this release", "the last release"])
+@pytest.mark.parametrize("shuffle", ["shards", "global"])
+def test_a_shard_rewritten_after_it_was_indexed_is_refused_naming_both_never_repeated(
+        indexed, written_by, shuffle):
+    """The bug of issue 45: counted mode read the shard's 10 samples, then two again to make
+    up the 12 its index counted, with nothing skipped and no warning. Now the index is checked
+    against the shard when it is read (its size, then its mtime or, when that differs or is not
+    recorded, where the shard's tar headers place its samples): an error naming the index and
+    the shard, or with on_error="skip" a counted skip leaving the shard out, read by workers."""
+    if written_by == "the last release":
+        released(indexed)
+    rewrite(indexed[2], REWRITTEN)
+    with pytest.raises(ShardIndexError, match=rf"shard index {indexed[2]}{INDEX_SUFFIX}: .*"
+                                              rf"the shard {indexed[2]} changed .*rebuild"):
+        WebDataset(indexed, transform=sample_id, index=True, shuffle=shuffle)
+    with pytest.warns(RuntimeWarning, match=rf"skipping: shard {indexed[2]}: .*changed"):
+        ds = WebDataset(indexed, transform=sample_id, index=True, shuffle=shuffle,
+                        on_error="skip")
+    assert ds.skipped == 1 and len(ds) == TOTAL - len(SHARD_2)
+    loader = PooledLoader(ds, batch_size=4, num_workers=2)
+    got = [int(i) for batch in loader for i in batch]
+    assert sorted(got) == [g for g in range(TOTAL) if g not in SHARD_2]  # each once
+    assert loader.stats()["skipped"] >= 1
+
+
+@pytest.mark.parametrize("written_by", ["this release", "the last release"])
+def test_a_shard_copied_with_a_new_mtime_still_fits_its_index(indexed, written_by):
+    """A copy that keeps no mtime (cp, a download): the samples are where the index places
+    them (the headers say so), so the index is used as it is, not refused."""
+    if written_by == "the last release":
+        released(indexed)
+    for p in indexed:
+        os.utime(p, ns=(10**18, 10**18))
+    ds = WebDataset(indexed, transform=sample_id, index=True, shuffle_shards=False)
+    assert list(ds) == list(range(TOTAL)) and ds.skipped == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["local", "http", "http+cache"])
+def test_a_shard_rewritten_after_the_dataset_read_its_index_is_an_error_never_repeats(
+        indexed, tmp_path, where):
+    """Rewritten once the indexes were read (or over HTTP, where the shard's mtime and
+    headers are not seen beforehand): reading it in a worker finds a sample missing where the
+    index counts one (or the cache a SHA-256 that is not the index's). Skipping it would make
+    the worker read others twice to fill its quota: an error even with on_error="skip"."""
+    with shard_urls(indexed, where.split("+")[0]) as urls:
+        ds = WebDataset(urls, transform=sample_id, index=True, on_error="skip",
+                        shuffle_shards=False,
+                        cache_dir=str(tmp_path / "c") if "cache" in where else None)
+        assert ds.shard_sizes == SIZES
+        rewrite(indexed[2], REWRITTEN)
+        with pytest.raises(ShardIndexError, match=rf"shard {urls[2]}\b") as err:
+            flat(run_epoch(ds, 0))
+        assert urls[2] + INDEX_SUFFIX in str(err.value) and "rebuild" in str(err.value)

@@ -86,6 +86,7 @@ def _index_doc(path):
      "cannot fit in"),
     (lambda d: json.dumps(dict(d, shard_bytes=d["shard_bytes"] + 512)).encode(), "stale"),
     (lambda d: json.dumps(dict(d, sha256="abc")).encode(), "sha256 must be"),
+    (lambda d: json.dumps(dict(d, shard_mtime_ns="1")).encode(), "shard_mtime_ns must be an int"),
     (lambda d: b" " * (MAX_INDEX_BYTES + 1), "larger than"),
 ])
 def test_a_bad_index_file_gives_an_error_naming_it(indexed, damage, message):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import mmap
+import multiprocessing as mp
 import os
 import sys
 import time
@@ -71,6 +72,14 @@ def build_cache(dataset: Any, path: str | os.PathLike, *, num_workers: int = 0,
     path = os.fspath(path)
     if variants < 1:
         raise ValueError(f"variants must be >= 1, got {variants}")
+    # checked here, before the journal and the partial file are made, not by the loader after
+    if num_workers < 0 or chunk_size < 1:
+        raise ValueError(f"num_workers must be >= 0 and chunk_size >= 1, got {num_workers} and "
+                         f"{chunk_size}")
+    if num_workers and isinstance(multiprocessing_context, str) \
+            and multiprocessing_context not in mp.get_all_start_methods():
+        raise ValueError(f"multiprocessing_context must be one of {mp.get_all_start_methods()}, "
+                         f"got {multiprocessing_context!r}")
     if on_error is None:
         on_error = "skip" if getattr(dataset, "on_error", None) == "skip" else "raise"
     if on_error not in ON_ERROR:
@@ -236,7 +245,6 @@ class _Build:
         builder = _BuildTasks(self.dataset, self.partial, self.seed, self.tree, self.jfd,
                               self.on_error == "raise", self.root)
         if num_workers > 0:  # fork where available: the dataset need not be picklable
-            import multiprocessing as mp
             mp_context = mp_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
             extra = {"multiprocessing_context": mp_context, "persistent_workers": True,
                      "prefetch_factor": 3}  # persistent: close() stops the workers at once

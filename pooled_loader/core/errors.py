@@ -27,7 +27,8 @@ class ShardFormatError(SampleError):
 class ShardIndexError(SampleError):
     """A shard index that is missing, too large, malformed or does not fit its shard (also as
     ``pooled_loader.shards.index.ShardIndexError``). Raised even with ``on_error="skip"`` when
-    found while reading: skipping would make global shuffle repeat other samples in their place."""
+    found while reading: skipping would make the reader repeat other samples in their place (a
+    stale index found when the dataset is made is a counted skip there, the shard left out)."""
 
 
 class WorkerError(RuntimeError):

@@ -137,8 +137,10 @@ def text_files(folder: str, extensions: tuple[str, ...] = TEXT_EXTENSIONS) -> li
 def write_from_texts(path: str, folder: str, tokenizer: Callable[[str], Any],
                      dtype: Any = np.uint32) -> dict:
     """One document per text file of `folder`, tokenized by `tokenizer(text)`."""
+    names = text_files(folder)  # a folder with none is an error before anything is written
+
     def docs() -> Iterable[Any]:
-        for name in text_files(folder):
+        for name in names:
             # a FIFO, a link to /dev/zero or a huge file among them is an error naming it,
             # not a hang or an endless read
             f = os.fdopen(open_regular(name, max_bytes=MAX_TEXT_BYTES, what="text file",

@@ -71,9 +71,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator, Optional, Union
 
 from . import remote
-from ..core.errors import SampleError
+from ..core.errors import SampleError, ShardIndexError
 from ..core.safe_open import (UnsafeFileError, create_exclusive, open_own, open_regular,
                         open_regular_stat, write_all)
+from .samples import INDEX_SUFFIX
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
@@ -392,8 +393,9 @@ class ShardCache:
         try:
             total = stream.raw.size
             if size is not None and total is not None and total != size:
-                raise SampleError(f"shard {url}: the server has {total} bytes but its shard "
-                                  f"index says {size}: the index is stale; rebuild it")
+                raise ShardIndexError(f"shard {url}: the server has {total} bytes but its "
+                                      f"shard index {url}{INDEX_SUFFIX} says {size}: the index "
+                                      "is stale; rebuild it")
             total = size if total is None else total
             if total is None:
                 self._warn_once(url, "its size is not known before reading (no "
@@ -410,9 +412,9 @@ class ShardCache:
                 fcntl.flock(part_fd, fcntl.LOCK_EX)  # held: this download is alive
             digest = self._copy(stream, part_fd, url, total, part)  # always hashed: recorded
             if sha256 is not None and digest != sha256:
-                raise SampleError(f"shard {url}: SHA-256 {digest} does not match its shard "
-                                  f"index ({sha256}): the index is stale or the server's copy "
-                                  "differs; rebuild the index")
+                raise ShardIndexError(f"shard {url}: SHA-256 {digest} does not match its "
+                                      f"shard index {url}{INDEX_SUFFIX} ({sha256}): the index "
+                                      "is stale or the server's copy differs; rebuild it")
             st = os.fstat(part_fd)
             if st.st_size != total:  # every write was counted; this is the last word
                 raise SampleError(f"shard {url}: {st.st_size} of {total} bytes on disk in "

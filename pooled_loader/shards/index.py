@@ -7,21 +7,26 @@ and a cache can check a downloaded shard's size and checksum.
 Format: next to ``data-000001.tar`` lies ``data-000001.tar.idx.json``, UTF-8 JSON::
 
     {"format": "pooled_loader.shard_index/1", "shard_bytes": 1048576,
-     "sha256": "<hex of the whole shard>", "offsets": [1024, 3584, ...], "sizes": [2560, ...]}
+     "sha256": "<hex of the whole shard>", "shard_mtime_ns": 1733300000123456789,
+     "offsets": [1024, 3584, ...], "sizes": [2560, ...]}
 
 ``offsets[i]`` is where sample ``i``'s first tar header starts and ``sizes[i]`` the bytes up to
 where the next sample starts (its headers, data and padding), as ``pooled_loader.shards.samples``
 groups members into samples (so ``shards index`` and the reader agree on what a sample is).
-Compressed shards cannot be indexed (their offsets are not file offsets).
+Compressed shards cannot be indexed (their offsets are not file offsets). ``shard_mtime_ns`` (the
+shard's mtime when it was indexed) is optional: indexes written before it (issue 45) have none
+and keep the format tag, which readers without it ignore.
 
 An index is untrusted input: a local one must be a regular file (a FIFO or device is refused,
 not waited on), it is read only up to ``MAX_INDEX_BYTES``, and ``parse_index`` checks the format
 tag, the types, that the samples are contiguous (each starts where the one before ends: an entry
 left out is a gap), are at least one tar header long and end at least an end-of-archive marker
-before ``shard_bytes``, and, when the shard's size is known (a local file), that it matches. Any
-failure is a ``ShardIndexError`` naming the index file. What parsing cannot see (that the
-entries are the tar's own samples, that the shard has not changed since) ``read_sample`` checks
-on every read (global shuffle reads through it).
+before ``shard_bytes``. ``check_shard`` then compares it with a local shard as it is now: its size,
+then its mtime; where that is not the one recorded (a copy, a download, an index without one)
+the shard's tar headers are read (as counting does) and its samples must lie where the index
+places them. Any failure is a ``ShardIndexError`` naming the index file (and the shard). What a
+remote shard is like is seen as it is read: ``read_sample`` (global shuffle) and ``samples_from``
+(shard order) check each sample's place and the shard's size, the shard cache its SHA-256.
 
 CLI: ``python -m pooled_loader shards index PATTERN`` (local shards); ``shards write`` writes the
 index of each shard it writes.
@@ -33,24 +38,27 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from itertools import islice
+from typing import Any, Callable, Iterator, Optional
 
 from . import remote
 from ..core.errors import ShardFormatError, ShardIndexError
 from ..core.safe_open import UnsafeFileError, open_regular
-from .samples import Sample, shard_samples
+from .samples import INDEX_SUFFIX, Sample, is_local_tar, local_sample_starts, shard_samples
 
 __all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
-           "parse_index", "load_index", "index_url", "read_sample"]
+           "parse_index", "check_shard", "load_index", "load_indexes", "index_url", "read_sample",
+           "samples_from"]
 
 FORMAT = "pooled_loader.shard_index/1"
-INDEX_SUFFIX = ".idx.json"
 MAX_INDEX_BYTES = 64 << 20  # ~3 M samples per shard at ~20 bytes each; far above real shards
 TAR_BLOCK = 512  # a sample holds at least one tar header
 END_MARKER = 2 * TAR_BLOCK  # the two zero blocks that end every tar, after the last sample
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_REBUILD = "rebuild it with `python -m pooled_loader shards index PATTERN`"
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,15 @@ class ShardIndex:
     sha256: Optional[str]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    shard_mtime_ns: Optional[int] = None  # None: not recorded (an index of an older release)
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "shard_bytes": self.shard_bytes, "sha256": self.sha256,
-                "offsets": list(self.offsets), "sizes": list(self.sizes)}
+                "shard_mtime_ns": self.shard_mtime_ns, "offsets": list(self.offsets),
+                "sizes": list(self.sizes)}
 
 
 def index_url(url: str) -> str:
@@ -83,7 +93,7 @@ def build_index(path: str, max_sample_bytes: Optional[int] = None) -> ShardIndex
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
     # the reader's own grouping, so both agree
     for _, start, after in shard_samples(path, 0, max_sample_bytes=max_sample_bytes):
         if start is None or after is None:
@@ -91,7 +101,7 @@ def build_index(path: str, max_sample_bytes: Optional[int] = None) -> ShardIndex
                              "not file offsets); index the uncompressed .tar")
         offsets.append(start)
         sizes.append(after - start)
-    return ShardIndex(size, h.hexdigest(), tuple(offsets), tuple(sizes))
+    return ShardIndex(st.st_size, h.hexdigest(), tuple(offsets), tuple(sizes), st.st_mtime_ns)
 
 
 def write_index(path: str, max_sample_bytes: Optional[int] = None) -> str:
@@ -117,8 +127,7 @@ def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> S
     """Validate index bytes read from ``where``; ``shard_bytes``: the shard's real size if
     known. Raises ``ShardIndexError`` naming ``where`` and what is wrong."""
     def bad(what: str) -> ShardIndexError:
-        return ShardIndexError(f"shard index {where}: {what}; rebuild it with "
-                               "`python -m pooled_loader shards index PATTERN`")
+        return ShardIndexError(f"shard index {where}: {what}; {_REBUILD}")
 
     if len(data) > MAX_INDEX_BYTES:
         raise bad(f"larger than {MAX_INDEX_BYTES} bytes")
@@ -131,12 +140,14 @@ def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> S
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise bad(f"format is {got!r}, expected {FORMAT!r}")
-    size, sha, offsets, sizes = (doc.get(k) for k in ("shard_bytes", "sha256", "offsets",
-                                                       "sizes"))
+    size, sha, mtime, offsets, sizes = (doc.get(k) for k in (
+        "shard_bytes", "sha256", "shard_mtime_ns", "offsets", "sizes"))
     if not _is_int(size) or size < 0:
         raise bad(f"shard_bytes must be an int >= 0, got {size!r}")
     if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
         raise bad("sha256 must be 64 lowercase hex digits or null")
+    if mtime is not None and not _is_int(mtime):
+        raise bad(f"shard_mtime_ns must be an int or null, got {mtime!r}")
     if not isinstance(offsets, list) or not isinstance(sizes, list) or len(offsets) != len(
             sizes):
         raise bad("offsets and sizes must be lists of the same length")
@@ -155,21 +166,22 @@ def parse_index(data: bytes, where: str, shard_bytes: Optional[int] = None) -> S
         end = off + n
     if shard_bytes is not None and shard_bytes != size:
         raise bad(f"it is for a shard of {size} bytes, the shard has {shard_bytes} (stale)")
-    return ShardIndex(size, sha, tuple(offsets), tuple(sizes))
+    return ShardIndex(size, sha, tuple(offsets), tuple(sizes), mtime)
 
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def load_index(url: str, *, retries: int = remote.RETRIES,
-               backoff_s: float = remote.BACKOFF_S) -> ShardIndex:
-    """The validated index of shard ``url`` (read from ``index_url(url)``, local or remote).
-    Raises ``ShardIndexError`` saying how to make one when it is missing."""
+def _fetch_index(url: str, *, retries: int = remote.RETRIES,
+                 backoff_s: float = remote.BACKOFF_S) -> ShardIndex:
+    """The index of shard ``url`` (read from ``index_url(url)``, local or remote), parsed but
+    not yet compared with the shard (``check_shard``). Raises ``ShardIndexError`` saying how to
+    make one when it is missing."""
     where = index_url(url)
-    local = url[len("file://"):] if url.startswith("file://") else url
+    local = _local_path(url)
     try:
-        if "://" not in local and not local.startswith("pipe:"):
+        if local is not None:
             with os.fdopen(open_regular(local + INDEX_SUFFIX, what="shard index", follow=True),
                            "rb") as f:
                 data = f.read(MAX_INDEX_BYTES + 1)
@@ -183,8 +195,80 @@ def load_index(url: str, *, retries: int = remote.RETRIES,
         raise ShardIndexError(f"shard index {where}: {exc.strerror}; put the index file "
                               "itself there (`python -m pooled_loader shards index PATTERN`)"
                               ) from None
-    size = os.path.getsize(local) if "://" not in local and os.path.isfile(local) else None
-    return parse_index(data, where, size)
+    return parse_index(data, where)
+
+
+def check_shard(url: str, index: ShardIndex) -> None:
+    """Raise ``ShardIndexError`` naming the index and the shard when ``index`` does not
+    describe the local shard ``url`` as it is now: another size, or (its mtime not the one
+    recorded) samples that are not where the index places them, read from its tar headers. A
+    missing or unreadable shard passes (its reader says what is wrong); so does a remote one,
+    checked as it is read (``read_sample``, ``samples_from``, the shard cache)."""
+    local = _local_path(url)
+    try:
+        st = os.stat(local) if local is not None else None
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return
+    if st.st_size != index.shard_bytes:
+        raise _changed(url, f"it is for a shard of {index.shard_bytes} bytes, the shard has "
+                            f"{st.st_size}")
+    if st.st_mtime_ns == index.shard_mtime_ns:
+        return  # as indexed; else a copy, a download or an older index: the headers tell
+    starts = local_sample_starts(local) if is_local_tar(local) else None
+    if starts is None:
+        return  # damaged, or not a plain tar: reading it says how
+    have, want = starts[:-1], list(index.offsets)
+    end = index.offsets[-1] + index.sizes[-1] if index.offsets else starts[-1]
+    if have != want or starts[-1] != end:
+        i = next((k for k, (a, b) in enumerate(zip(have, want)) if a != b),
+                 min(len(have), len(want)))
+        at = (lambda xs: f"at byte {xs[i]}" if i < len(xs) else "nowhere")
+        raise _changed(url, f"sample {i} begins {at(want)} in it, {at(have)} in the shard "
+                            f"({len(want)} samples ending at byte {end}; the shard's "
+                            f"{len(have)} end at byte {starts[-1]})")
+
+
+def _changed(url: str, what: str) -> ShardIndexError:
+    return ShardIndexError(f"shard index {index_url(url)}: {what}: the shard {url} changed "
+                           f"since it was indexed (stale); {_REBUILD}")
+
+
+def load_index(url: str, *, retries: int = remote.RETRIES,
+               backoff_s: float = remote.BACKOFF_S) -> ShardIndex:
+    """The validated index of shard ``url`` (read from ``index_url(url)``, local or remote),
+    checked against a local shard (``check_shard``). Raises ``ShardIndexError`` naming the index
+    when it is missing (saying how to make one), malformed or stale."""
+    index = _fetch_index(url, retries=retries, backoff_s=backoff_s)
+    check_shard(url, index)
+    return index
+
+
+def load_indexes(urls: list[str], *, skip: Optional[Callable[[str, str], None]] = None,
+                 retries: int = remote.RETRIES,
+                 backoff_s: float = remote.BACKOFF_S) -> list[ShardIndex]:
+    """``load_index`` of every shard. With ``skip``, an index that no longer fits its shard
+    (``check_shard``) is reported to ``skip(url, why)`` and stands as an empty one: the shard
+    is left out, none of its samples read by the stale index. Other failures raise."""
+    indexes = []
+    for url in urls:
+        index = _fetch_index(url, retries=retries, backoff_s=backoff_s)
+        try:
+            check_shard(url, index)
+        except ShardIndexError as exc:
+            if skip is None:
+                raise
+            skip(url, str(exc))
+            index = ShardIndex(0, None, (), ())
+        indexes.append(index)
+    return indexes
+
+
+def _local_path(url: str) -> Optional[str]:
+    """The file a local shard URL names (``file://`` stripped); None for a remote one."""
+    local = url[len("file://"):] if url.startswith("file://") else url
+    return None if "://" in local or local.startswith("pipe:") else local
 
 
 def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = None,
@@ -214,9 +298,45 @@ def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = No
             else ""))
         raise ShardIndexError(f"shard {name or url}: its index places sample {i} at bytes "
                               f"{off}..{off + n}, the shard holds {found}: the index does not "
-                              "fit the shard; rebuild it (`python -m pooled_loader shards "
-                              "index PATTERN`)")
+                              f"fit the shard; rebuild {index_url(name or url)} (`python -m "
+                              "pooled_loader shards index PATTERN`)")
     return sample
+
+
+def samples_from(src: str, offset: Optional[int], first: int, *, url: str,
+                 index: Optional[ShardIndex] = None,
+                 **opts: Any) -> Iterator[tuple[Sample, Any, Any]]:
+    """``shard_samples`` of shard ``url`` (read from ``src``: it, or its cached copy) from its
+    sample ``first``: at byte ``offset``, or (None: a compressed shard) from its start, passing
+    over the ``first`` samples before it. With ``index``, each is checked against it
+    (``_follow_index``). ``opts`` go to ``shard_samples``."""
+    size = None if index is None else index.shard_bytes
+    samples = shard_samples(src, offset or 0, size=size, **opts)
+    if index is not None:
+        samples = _follow_index(samples, index, 0 if offset is None else first, url)
+    return samples if offset is not None else islice(samples, first, None)
+
+
+def _follow_index(samples: Iterator[tuple[Sample, Any, Any]], index: ShardIndex, first: int,
+                  url: str) -> Iterator[tuple[Sample, Any, Any]]:
+    """``samples`` (``shard_samples`` of shard ``url`` from its sample ``first``) as they come,
+    each checked to begin and end where ``index`` places it, and (once read to the end) to be
+    as many as it counts: a shard changed after its index was read raises ``ShardIndexError``
+    naming both, where counting on the index would read other samples twice to make up the
+    difference. A compressed shard (no offsets) is checked on its count."""
+    i = first
+    for item in samples:
+        _, start, after = item
+        if i >= len(index):
+            raise _changed(url, f"it counts {len(index)} samples, the shard holds more")
+        want = (index.offsets[i], index.offsets[i] + index.sizes[i])
+        if start is not None and (start, after) != want:
+            raise _changed(url, f"it places sample {i} at bytes {want[0]}..{want[1]}, the "
+                                f"shard holds one at bytes {start}..{after}")
+        yield item
+        i += 1
+    if i < len(index):
+        raise _changed(url, f"it counts {len(index)} samples, the shard ends after {i}")
 
 
 def _continues(samples: Iterator) -> bool:

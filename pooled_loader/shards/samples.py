@@ -35,6 +35,9 @@ Sample = dict[str, Any]
 Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 COUNT_CACHE: dict[tuple, int] = {}  # (abspath, size, mtime) or (url,) -> samples
+# A shard's index (pooled_loader.shards.index) is the sibling URL + this; here so that an error
+# about a shard that does not fit its index can name both
+INDEX_SUFFIX = ".idx.json"
 _SKIP_META = re.compile(r"__[^/]*__($|/)")  # tar_file_iterator's default skip_meta
 
 
@@ -100,8 +103,9 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
         got = stream.raw.size
         if size is not None and got is not None and got != size:
             raise ShardIndexError(f"shard {url} has {got} bytes, its index was made for {size}: "
-                                  "the shard changed since it was indexed; rebuild the index "
-                                  "(`python -m pooled_loader shards index PATTERN`)")
+                                  f"the shard changed since it was indexed; rebuild the index "
+                                  f"{url}{INDEX_SUFFIX} (`python -m pooled_loader shards index "
+                                  "PATTERN`)")
         if base and not stream.peek(1):
             return  # resumed at the very end
         tar = TarReader(stream, url, base=base, sliced=end is not None)
@@ -192,7 +196,7 @@ def local_sample_starts(path: str) -> Optional[list[int]]:
     marker begins, from its headers alone (None if the shard cannot be read to its end)."""
     starts, last = [], None
     try:
-        with open(path, "rb") as f:
+        with _open_tar(path) as f:
             reader = TarReader(f, path)
             for info in reader:
                 prefix = None if _not_a_sample_file(info) else base_plus_ext(info.name)[0]

@@ -67,7 +67,9 @@ Errors: a missing or truncated shard, or a sample the transform fails on (e.g. a
 extension), raises ``pooled_loader.errors.SampleError`` naming the shard and key. With
 ``on_error="skip"`` it is skipped instead, counted in ``dataset.skipped`` (per process: each worker
 counts its own), listed by ``dataset.pop_skips()`` (for a loader to forward to its statistics from
-each worker) and warned about once per shard.
+each worker) and warned about once per shard. A shard index that no longer fits its shard is a
+``ShardIndexError`` naming both: with ``on_error="skip"`` a counted skip (the shard left out) when
+found in ``__init__``; found while reading, raised even then (skipping would repeat samples).
 """
 
 from __future__ import annotations
@@ -84,17 +86,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import global_shuffle, remote, elastic as wds_elastic, plan as wds_plan, state as wds_state
 from ..core.ranks import empty_rank_message, rank_and_world
-from ..core.errors import SampleError
+from ..core.errors import SampleError, ShardIndexError
 from .cache import Prefetcher, ShardCache, parse_bytes
-from .index import load_index
+from .index import load_indexes, samples_from
 from .samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
                             expand_shards, is_local_tar, local_sample_offset, shard_samples)
 from .state import Position, Progress
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
-# The names scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py (which also times older
-# versions of this module) reach in for, from before the shard reading moved to shard_samples.
+# Older names that scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py reach in for.
 _shard_samples, _COUNT_CACHE = shard_samples, COUNT_CACHE
 
 _SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
@@ -130,8 +131,8 @@ class WebDataset(IterableDataset):
         prefetch_shards: download the next N shards of each worker's order in the background
             while it reads one (needs ``cache_dir``: they are kept there).
         index: read every shard's index (``X.tar.idx.json``; always with ``shuffle="global"``):
-            the counts come from it (no shard is read to count them) and the cache checks each
-            download's size and SHA-256 against it.
+            the counts come from it (no shard is read to count them), checked against each local
+            shard then and each sample as read; the cache checks downloads' size and SHA-256.
         max_sample_bytes: the most member data (decompressed) one sample may hold, an int or
             ``"1GiB"``...; default ``constants.MAX_SAMPLE_BYTES`` (256 MiB). Checked from the
             tar headers before a member is read: a larger sample is an error naming the shard,
@@ -167,18 +168,25 @@ class WebDataset(IterableDataset):
                              "needs cache_dir= (the shards fetched ahead are kept there)")
         if samples_per_epoch is not None and samples_per_epoch < 0:
             raise ValueError(f"samples_per_epoch must be >= 0, got {samples_per_epoch}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if shuffle == "global" and (samples_per_epoch is not None or shuffle_buffer):
+            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
+                             "leave samples_per_epoch and shuffle_buffer unset")
+        if index and samples_per_epoch is not None:
+            raise ValueError("index=True counts the samples from the indexes: leave "
+                             "samples_per_epoch unset")
+        limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
+        self.max_sample_bytes = (None if max_sample_bytes is None
+                                 else parse_bytes(max_sample_bytes, "max_sample_bytes"))
         self.urls = expand_shards(urls)
         self.transform = transform
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = int(shuffle_buffer)
         self.seed = int(seed)
         self.on_error = on_error
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
         self.retries = int(retries)
         self.retry_backoff_s = float(retry_backoff_s)
-        self.max_sample_bytes = (None if max_sample_bytes is None
-                                 else parse_bytes(max_sample_bytes, "max_sample_bytes"))
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
         self._progress: Optional[Union[Progress, dict]] = None
@@ -193,21 +201,15 @@ class WebDataset(IterableDataset):
         self.prefetch_shards = int(prefetch_shards)
         self._prefetcher: Optional[Prefetcher] = None
         self._last_shard = 0  # prefetching stops there: the last shard of this worker's piece
-        self.cache = None if cache_dir is None else ShardCache(
-            cache_dir, cache_limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self.shard_sizes: Optional[list[int]] = None
         self.indexes = None
-        if shuffle == "global" and (samples_per_epoch is not None or self.shuffle_buffer):
-            raise ValueError("shuffle='global' draws its own order of all indexed samples: "
-                             "leave samples_per_epoch and shuffle_buffer unset")
         if index or shuffle == "global":
-            if samples_per_epoch is not None:
-                raise ValueError("index=True counts the samples from the indexes: leave "
-                                 "samples_per_epoch unset")
-            self.indexes = [load_index(u, retries=self.retries, backoff_s=self.retry_backoff_s)
-                            for u in self.urls]
+            self.indexes = load_indexes(self.urls, skip=self._fail if on_error == "skip" else None,
+                                        retries=self.retries, backoff_s=self.retry_backoff_s)
             self.shard_sizes = [len(ix) for ix in self.indexes]
             samples_per_epoch = sum(self.shard_sizes)
+        self.cache = None if cache_dir is None else ShardCache(  # made once all is checked
+            cache_dir, limit, retries=self.retries, backoff_s=self.retry_backoff_s)
         self._index_of = dict(zip(self.urls, self.indexes or ()))
         self._global: Optional[global_shuffle.GlobalReader] = None
         if shuffle == "global":
@@ -260,6 +262,8 @@ class WebDataset(IterableDataset):
 
     def _fail(self, url: str, what: str, exc: Optional[BaseException] = None) -> None:
         """Raise a SampleError, or (on_error="skip") count it and warn once per shard."""
+        if isinstance(exc, ShardIndexError):
+            raise exc  # not one bad shard: skipping would read others twice in its place
         msg = f"shard {url}: {what}"
         if self.on_error == "raise":
             raise SampleError(msg) from exc
@@ -308,17 +312,15 @@ class WebDataset(IterableDataset):
     def _read_shard(self, url: str, offset: Optional[int], index: int, ahead: Sequence[str] = ()
                     ) -> Iterator[tuple[Sample, Any, Any]]:
         """``shard_samples`` from a position: seek to ``offset``, or (compressed shard) read from
-        the start and pass over ``index`` samples. ``ahead``: the shards to prefetch next."""
+        the start and pass over ``index`` samples; each checked against the shard's index when
+        it was read (``samples_from``). ``ahead``: the shards to prefetch next."""
         opts = {"retries": self.retries, "backoff_s": self.retry_backoff_s,
                 "max_sample_bytes": self.max_sample_bytes}
         with self._source(url) as src:
             if self._prefetcher is not None:
                 self._prefetcher.ahead(list(ahead))
-            if offset is not None:
-                samples = shard_samples(src, offset, **opts)
-            else:
-                samples = islice(shard_samples(src, 0, **opts), index, None)
-            for item in samples:
+            for item in samples_from(src, offset, index, url=url,
+                                     index=self._index_of.get(url), **opts):
                 item[0]["__url__"] = url  # not the cached copy's path
                 yield item
 

@@ -183,10 +183,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "index":
         bound = (None if args.max_sample_bytes is None
                  else parse_bytes(args.max_sample_bytes, "--max-sample-bytes"))
-        for path in expand_shards(args.pattern):
+        paths = expand_shards(args.pattern)
+        for path in paths:  # all checked before the first index is written
             if "://" in path or path.startswith("pipe:"):
                 raise ValueError(f"{path}: shards index works on local shards; index them "
                                  "before uploading")
+        for path in paths:
             print(write_index(path, bound))
         return 0
     try:
