@@ -80,18 +80,24 @@ bound on 2 shared cores, and as much again to load it), so a hostile `world_size
 out of memory after minutes; this bound makes it an error at once."""
 
 REMOTE_MIN_BYTES_PER_S = 1024
-"""Bytes per second. A remote shard's connection that delivers less than this, averaged over the
-time spent waiting on it, is treated as stalled (`remote.ResilientStream`): it is dropped and
-reopened at the byte reached, like a reset, and counts against `retries`. The per-read timeout
+"""Bytes per second. A remote shard's connection keeps up while the bytes it delivered since it
+last kept up cover this rate over the time spent waiting since (`remote.ResilientStream`); one
+that goes a `REMOTE_RATE_WINDOW_S` window without keeping up is treated as stalled: dropped and
+reopened at the byte reached, like a reset, counting against `retries`. The per-read timeout
 alone lets a server that trickles a byte every few seconds hold a reader forever; 1 KiB/s is far
 below any link worth reading from (a 100 MB shard would take a day). Read when a stream opens,
-so a slower link can lower it here (`pooled_loader.core.constants.REMOTE_MIN_BYTES_PER_S = ...`)."""
+so a slower link can lower it here (`pooled_loader.core.constants.REMOTE_MIN_BYTES_PER_S = ...`,
+or `open_shard(min_bytes_per_s=...)`)."""
 
 REMOTE_RATE_WINDOW_S = 30.0
-"""Seconds of waiting on a connection (inside reads, not the consumer's time between them)
-before its rate is judged against `REMOTE_MIN_BYTES_PER_S`: a slow start (TCP slow start, a cold
-object store) is not a stall. A trickling server is so dropped after about this long per
-attempt, and the read fails after about `(retries + 1)` times this."""
+"""Seconds of waiting (inside the stream's reads, connects and backoffs, not the consumer's time
+between reads) a remote shard's connection may go without keeping up with
+`REMOTE_MIN_BYTES_PER_S`: a slow start (TCP slow start, a cold object store) is not a stall. The
+window used is `min(REMOTE_RATE_WINDOW_S, timeout_s)` (`open_shard(rate_window_s=...)` sets it
+outright), so a caller's short timeout also shortens it. The bound on a trickling server: each
+connection is dropped after one window, and the read fails after `remote.STALL_WINDOWS` (3)
+windows without progress in all, whatever `retries` remain: 6 s for `open_shard(url,
+timeout_s=2)`, 90 s for datasets (`timeout_s` 60)."""
 
 MAX_SAMPLE_BYTES = 256 << 20
 """Bytes. The default bound on the member data one sample of a tar shard may hold (256 MiB;

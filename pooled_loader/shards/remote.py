@@ -12,15 +12,29 @@ Why this module exists: object stores, proxies and long transfers reset connecti
   ignores ``Range`` (200) is read again from the start and the bytes already delivered are
   discarded, so the reader sees every byte exactly once either way. ``pipe:`` commands are run
   again the same way; local files and fsspec files seek.
-- A connection slower than ``constants.REMOTE_MIN_BYTES_PER_S`` over the time spent waiting on
-  it (judged once that passes ``REMOTE_RATE_WINDOW_S``) is a failure too: a server that trickles
-  a byte at a time within the per-read timeout (``timeout_s``) cannot hold a reader forever.
-  The status line and headers must arrive within ``timeout_s`` of the connection in all.
-  Not bounded beyond ``timeout_s`` per read: the TCP connect and a TLS handshake.
-- ``retries`` bounds the consecutive failed attempts (an attempt that delivers bytes at the
-  minimum rate resets the count, so a long transfer that is cut now and then still completes). When they are exhausted
-  the read raises ``RemoteReadError`` (a ``SampleError``) naming the URL, the byte offset, the
-  attempts and the last error. A missing file or an HTTP 4xx other than 408/429 fails at once.
+- A server that trickles cannot hold a reader (the per-read timeout ``timeout_s`` never fires
+  when each byte comes within it). A connection keeps up while the bytes it delivered since it
+  last kept up cover ``min_bytes_per_s`` (default ``constants.REMOTE_MIN_BYTES_PER_S``) over the
+  time waited since; one that goes a window ``W`` without keeping up is dropped like a reset.
+  The URL fails, whatever ``retries`` remain, once it has gone ``STALL_WINDOWS`` (3) windows
+  without progress (new bytes that bring it back to the minimum rate), across reconnections and
+  backoffs; a backoff that would reach that gives up at once. ``W`` is ``rate_window_s``, by
+  default ``min(constants.REMOTE_RATE_WINDOW_S, timeout_s)``, so a trickle ends a read after at
+  most ``3 x min(30 s, timeout_s)`` of waiting: 6 s for ``open_shard(url, timeout_s=2)``, 90 s
+  by default. Only the time spent inside the stream counts (connecting, reading, backing off),
+  not the consumer's between reads. The deadline this sets ends every socket read of an HTTP
+  connection (the status line and headers, a chunk-size line that ``http.client`` reads within
+  one read, the body, the bytes discarded where Range is ignored), its TCP connect, and every
+  wait on a ``pipe:`` command's output; the status line and headers must also arrive within
+  ``timeout_s`` of connecting. An fsspec file is judged between its reads (one read is bounded
+  by the filesystem's own timeouts). Not cut short: the DNS lookup, and a TLS handshake and a
+  proxy's reply to ``CONNECT`` (``timeout_s`` per read).
+- ``retries`` bounds the consecutive failed attempts (new bytes at the minimum rate reset the
+  count, so a long transfer that is cut now and then still completes). When they, or the time
+  without progress, run out, the read raises ``RemoteReadError`` (a ``SampleError``) naming the
+  URL, the byte offset, the attempts, the time without progress and the last error (for a
+  trickle: the bytes, seconds and bytes/s seen, and what to lower or raise). A missing file or
+  an HTTP 4xx other than 408/429 fails at once.
 
 Which URL goes where: ``pipe:CMD`` runs ``CMD`` in a shell; ``http://``/``https://`` use the
 standard library (redirects and proxies as ``urllib`` handles them); ``file://`` and plain paths
@@ -40,9 +54,9 @@ a resumed dataset does not read consumed shards again).
 from __future__ import annotations
 
 import collections
-import http.client
 import io
 import os
+import select
 import subprocess
 import time
 import urllib.error
@@ -54,6 +68,7 @@ from typing import Any, BinaryIO, Callable, Optional
 from ..core import constants
 from ..core.errors import SampleError
 from ..core.safe_open import UnsafeFileError, open_regular_stat
+from . import deadlines
 
 __all__ = ["open_shard", "RemoteReadError", "IO_STATS", "RETRIES", "BACKOFF_S", "is_seekable_url"]
 
@@ -61,6 +76,7 @@ RETRIES = 5  # consecutive failed attempts before giving up on a URL
 BACKOFF_S = 0.5  # wait before the first retry; doubles after each failure
 MAX_BACKOFF_S = 8.0
 TIMEOUT_S = 60.0  # a stalled connection counts as a failure after this long without data
+STALL_WINDOWS = 3  # rate windows a URL may go without progress, reconnections included
 BUFFER_BYTES = 1 << 20  # large reads: tarfile asks for 10 KB at a time
 TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -79,12 +95,16 @@ class _Transient(Exception):
 
 class _Opened:
     """What an opener returns: a raw file positioned ``skip`` bytes before the wanted offset,
-    and the total size when known."""
+    the total size when known, and ``set_deadline(t)``: each later read of ``raw`` ends by
+    ``t`` (a ``time.monotonic()`` value), raising ``deadlines.DeadlinePassed``; a reader that
+    cannot cut a read short (local, fsspec) ignores it."""
 
     def __init__(self, raw: Any, size: Optional[int] = None, skip: int = 0,
-                 close: Optional[Callable[[], None]] = None) -> None:
+                 close: Optional[Callable[[], None]] = None,
+                 set_deadline: Optional[Callable[[Optional[float]], None]] = None) -> None:
         self.raw, self.size, self.skip = raw, size, skip
         self._close = close or raw.close
+        self.set_deadline = set_deadline or (lambda deadline: None)
 
     def close(self) -> None:
         try:
@@ -93,7 +113,8 @@ class _Opened:
             pass
 
 
-def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
+def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = None,
+                deadline: Optional[float] = None) -> _Opened:
     # A FIFO would block in open() and a link to /dev/zero never end: regular files only.
     fd, st = open_regular_stat(path, follow=True, what="local shard")
     f = os.fdopen(fd, "rb")
@@ -101,12 +122,13 @@ def _open_local(path: str, offset: int, timeout: float, end: Optional[int] = Non
     return _Opened(f, st.st_size)
 
 
-def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
+def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None,
+               deadline: Optional[float] = None) -> _Opened:
+    """``deadline``: the stream's, which the connect and the headers may not outlast."""
     last = "" if end is None else str(end - 1)
     headers = {"Range": f"bytes={offset}-{last}"} if offset or end is not None else {}
     try:
-        resp = _opener_with_deadline().open(urllib.request.Request(url, headers=headers),
-                                            timeout=timeout)
+        resp, set_deadline = deadlines.urlopen(url, headers, timeout, deadline)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:  # asked at (or past) the end: nothing left to read
             total = (exc.headers.get("Content-Range") or "").rpartition("/")[2]
@@ -114,9 +136,6 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
         if exc.code in TRANSIENT_HTTP:
             raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
         raise RemoteReadError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
-    reader = getattr(getattr(resp, "fp", None), "raw", None)
-    if isinstance(reader, _DeadlineReader):
-        reader.owner.lift()  # the headers are in: the body is judged by its rate
     length = resp.headers.get("Content-Length")
     if resp.status == 206:
         content_range = resp.headers.get("Content-Range", "")  # bytes START-END/TOTAL
@@ -132,134 +151,18 @@ def _open_http(url: str, offset: int, timeout: float, end: Optional[int] = None)
         size = int(total) if total != "*" else None
         if size is None and length and end is None:
             size = offset + int(length)
-        return _Opened(_Body(resp), size, close=resp.close)
+        return _Opened(deadlines.Body(resp), size, close=resp.close,
+                       set_deadline=set_deadline)
     # 200: the server ignored Range; read from the start and discard what was delivered.
-    return _Opened(_Body(resp), int(length) if length else None, skip=offset, close=resp.close)
+    return _Opened(deadlines.Body(resp), int(length) if length else None, skip=offset,
+                   close=resp.close, set_deadline=set_deadline)
 
 
-class _DeadlineSocket:
-    """An HTTP connection's socket as ``http.client`` sees it: every read before ``lift()``
-    (the status line and headers) must end by one deadline, ``timeout_s`` after the connection
-    is made, so a server trickling its headers a byte at a time cannot hold a reader forever;
-    afterwards each read has the per-read timeout only. Closed when both the connection and the
-    response's file have let go of it (as ``socket.makefile`` counts)."""
-
-    def __init__(self, sock: Any, timeout: float) -> None:
-        self.sock, self.timeout = sock, timeout
-        self.deadline: Optional[float] = time.monotonic() + timeout
-        self._refs = 1
-
-    def sendall(self, data: Any, *args: Any) -> None:
-        self.sock.sendall(data, *args)
-
-    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
-        self._refs += 1
-        return io.BufferedReader(_DeadlineReader(self))
-
-    def recv_into(self, buf: memoryview) -> int:
-        if self.deadline is None:
-            return self.sock.recv_into(buf)
-        left = self.deadline - time.monotonic()
-        if left > 0:
-            self.sock.settimeout(min(self.timeout, left))
-            try:
-                return self.sock.recv_into(buf)
-            except TimeoutError:
-                if left >= self.timeout:
-                    raise  # the per-read timeout, not the deadline
-        raise TimeoutError(f"no complete status line and headers within {self.timeout} s "
-                           "(timeout_s) of connecting")
-
-    def lift(self) -> None:
-        self.deadline = None
-        self.sock.settimeout(self.timeout)
-
-    def close(self) -> None:
-        self._refs -= 1
-        if self._refs == 0:
-            self.sock.close()
-
-    def __getattr__(self, name: str) -> Any:  # setsockopt, fileno, ...
-        return getattr(self.sock, name)
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The raw file under an HTTP response: reads through its ``_DeadlineSocket``."""
-
-    def __init__(self, owner: _DeadlineSocket) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        return self.owner.recv_into(buf)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.owner.close()
-        super().close()
-
-
-def _with_deadline(base: type) -> type:
-    class Connection(base):  # type: ignore[misc, valid-type]
-        def connect(self) -> None:
-            super().connect()
-            self.sock = _DeadlineSocket(self.sock, self.timeout)
-    return Connection
-
-
-_HTTP_CONNECTION = _with_deadline(http.client.HTTPConnection)
-_HTTPS_CONNECTION = _with_deadline(http.client.HTTPSConnection)
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
-        return super().do_open(_HTTP_CONNECTION, req, **kwargs)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
-        return super().do_open(_HTTPS_CONNECTION, req, **kwargs)
-
-
-_OPENER: list = []
-
-
-def _opener_with_deadline() -> urllib.request.OpenerDirector:
-    """``urllib``'s opener (proxies and redirects as usual) whose connections bound the time to
-    the headers (not one installed with ``urllib.request.install_opener``)."""
-    if not _OPENER:
-        _OPENER.append(urllib.request.build_opener(_HTTPHandler, _HTTPSHandler))
-    return _OPENER[0]
-
-
-class _Body:
-    """An HTTP response's body read one socket read at a time: ``HTTPResponse.readinto`` waits
-    until the whole buffer is full, so a server trickling a byte at a time, each within the
-    per-read timeout, would never give the stream a chance to judge its rate. With a
-    ``Content-Length`` (the usual case) the socket's buffered file is read directly, with no
-    copy (``readinto1``, the response's length kept here); else through ``read1``."""
-
-    def __init__(self, resp: Any) -> None:
-        self.resp = resp
-        fp = getattr(resp, "fp", None)
-        direct = resp.length is not None and not resp.chunked and hasattr(fp, "readinto1")
-        self._fp, self._left = (fp, resp.length) if direct else (None, None)
-
-    def readinto(self, buf: memoryview) -> int:
-        if self._fp is None:
-            data = self.resp.read1(len(buf))
-            buf[:len(data)] = data
-            return len(data)
-        n = self._fp.readinto1(buf[:self._left]) if self._left else 0
-        self._left -= n
-        return n
-
-
-def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
-    proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE)
+def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None,
+               deadline: Optional[float] = None) -> _Opened:
+    # Unbuffered: each read is one read(2) of what the command has written, not a wait until a
+    # 1 MiB buffer fills.
+    proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None
 
     def close() -> None:
@@ -268,16 +171,26 @@ def _open_pipe(url: str, offset: int, timeout: float, end: Optional[int] = None)
             proc.kill()
         proc.wait()
 
-    return _Opened(_PipeReader(proc, url), None, skip=offset, close=close)
+    reader = _PipeReader(proc, url)
+    return _Opened(reader, None, skip=offset, close=close, set_deadline=reader.set_deadline)
 
 
 class _PipeReader:
-    """A command's stdout whose end counts as a failure when the command exits non-zero."""
+    """A command's stdout, each read waited on until the deadline set, whose end counts as a
+    failure when the command exits non-zero."""
 
     def __init__(self, proc: subprocess.Popen, url: str) -> None:
         self.proc, self.url = proc, url
+        self.deadline: Optional[float] = None
+
+    def set_deadline(self, deadline: Optional[float]) -> None:
+        self.deadline = deadline
 
     def readinto(self, buf: memoryview) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise deadlines.DeadlinePassed("the command wrote nothing by the read's deadline")
         n = self.proc.stdout.readinto(buf)
         if n == 0 and self.proc.wait() != 0:
             raise _Transient(f"command exited with status {self.proc.returncode}")
@@ -287,7 +200,8 @@ class _PipeReader:
         self.proc.stdout.close()
 
 
-def _open_fsspec(url: str, offset: int, timeout: float, end: Optional[int] = None) -> _Opened:
+def _open_fsspec(url: str, offset: int, timeout: float, end: Optional[int] = None,
+                 deadline: Optional[float] = None) -> _Opened:
     try:
         import fsspec
     except ImportError:
@@ -311,7 +225,7 @@ def _opener(url: str) -> Callable[..., _Opened]:
     if scheme in ("http", "https"):
         return _open_http
     if scheme in ("", "file"):
-        return lambda u, off, t, end=None: _open_local(_local_path(u), off, t)
+        return lambda u, off, t, end=None, deadline=None: _open_local(_local_path(u), off, t)
     return _open_fsspec
 
 
@@ -338,7 +252,8 @@ class ResilientStream(io.RawIOBase):
     """A read-only raw stream over ``url`` from byte ``offset`` that reconnects on failure.
 
     ``tell()`` is the absolute byte position in the URL's content; reading ends at ``end`` when
-    given (exclusive)."""
+    given (exclusive). ``window_s`` is the rate window ``W``; ``stall_s`` (``STALL_WINDOWS x
+    W``) the most time the stream goes without progress before it fails (module docstring)."""
 
     def __init__(self, url: str, offset: int = 0, *, retries: int = RETRIES,
                  backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S,
@@ -354,14 +269,25 @@ class ResilientStream(io.RawIOBase):
         self.attempts = 0  # connections made, for messages and tests
         self.min_rate = constants.REMOTE_MIN_BYTES_PER_S if min_bytes_per_s is None \
             else min_bytes_per_s
-        self.rate_window_s = constants.REMOTE_RATE_WINDOW_S if rate_window_s is None \
-            else rate_window_s
-        self._waited, self._got = 0.0, 0  # this connection: seconds inside reads, bytes
+        self.window_s = float(min(constants.REMOTE_RATE_WINDOW_S, timeout_s)
+                              if rate_window_s is None else rate_window_s)
+        if not self.window_s > 0:
+            raise ValueError(f"{url}: the rate window must be above 0 s, got {self.window_s} "
+                             "(rate_window_s, else min(REMOTE_RATE_WINDOW_S, timeout_s))")
+        self.stall_s = STALL_WINDOWS * self.window_s
+        self._clock = deadlines.InsideClock()
+        # Marks on self._clock, and the bytes received since each: when the stream last kept up
+        # (made progress; judged across reconnections, so that a burst on each new connection
+        # is not progress), and when the current connection's window began (its headers came
+        # in, or it last kept up: each connection gets a whole window).
+        self._kept_up_at = self._window_from = 0.0
+        self._progress = self._got = 0
         self._open = _opener(url)
         self._conn: Optional[_Opened] = None
         self._size: Optional[int] = None
         self._failures = 0
-        self._connect()
+        with self._clock:
+            self._connect()
 
     def readable(self) -> bool:
         return True
@@ -379,9 +305,9 @@ class ResilientStream(io.RawIOBase):
             try:
                 self.attempts += 1
                 IO_STATS["opens"][self.url] += 1
-                began = time.monotonic()
-                conn = self._open(self.url, self.pos, self.timeout_s, self.end)
-                self._waited, self._got = time.monotonic() - began, 0
+                deadline = time.monotonic() + self.stall_s - self._stalled()
+                conn = self._open(self.url, self.pos, self.timeout_s, self.end, deadline)
+                self._window_from, self._got = self._clock.now(), 0
                 try:
                     self._discard(conn, conn.skip)
                 except BaseException:
@@ -399,27 +325,33 @@ class ResilientStream(io.RawIOBase):
     def _discard(self, conn: _Opened, nbytes: int) -> None:
         buf = memoryview(bytearray(min(nbytes, BUFFER_BYTES) or 1))
         while nbytes > 0:
-            began = time.monotonic()
-            n = conn.raw.readinto(buf[:min(nbytes, len(buf))])
-            self._check_rate(n or 0, time.monotonic() - began)
+            n = self._read(conn, buf[:min(nbytes, len(buf))], fresh=False)
             if not n:
                 raise _Transient(f"ended {nbytes} bytes before the resume offset")
             nbytes -= n
 
+    def _stalled(self) -> float:
+        """Seconds spent inside the stream since it last made progress."""
+        return self._clock.now() - self._kept_up_at
+
     def _failed(self, exc: BaseException) -> None:
-        """Re-raise a permanent failure; after a transient one wait, or give up."""
+        """Re-raise a permanent failure; after a transient one wait, or give up when the
+        retries are spent or the backoff would reach ``stall_s`` without progress."""
         if not _retryable(exc):
             if isinstance(exc, (RemoteReadError, OSError)):  # OSErrors name their file
                 raise exc
             raise RemoteReadError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
         self._failures += 1
-        if self._failures > self.retries:
+        wait = 0.0 if self._failures < 2 else min(  # the first failure in a row: at once
+            MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 2))
+        stalled = self._stalled()
+        if self._failures > self.retries or stalled + wait >= self.stall_s:
             raise RemoteReadError(
                 f"{self.url}: giving up at byte {self.pos} after {self._failures} failed attempts "
-                f"({self.attempts} connections in all); last error: {type(exc).__name__}: {exc}"
-            ) from exc
-        if self._failures > 1:  # a connection that had delivered bytes is retried at once
-            time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2 ** (self._failures - 2)))
+                f"({self.attempts} connections in all) and {stalled:.1f} s without progress (at "
+                f"most {STALL_WINDOWS} x {self.window_s} s, whatever retries remain); last "
+                f"error: {type(exc).__name__}: {exc}") from exc
+        time.sleep(wait)
 
     def readinto(self, buf: Any) -> int:
         view = memoryview(buf).cast("B")
@@ -427,40 +359,64 @@ class ResilientStream(io.RawIOBase):
             view = view[:max(0, self.end - self.pos)]
         if not len(view):
             return 0
-        while True:
-            if self._conn is None:
-                self._connect()
-            try:
-                began = time.monotonic()
-                n = self._conn.raw.readinto(view)
-                self._check_rate(n, time.monotonic() - began)
-                want = self._size if self.end is None or self._size is None else min(
-                    self._size, self.end)
-                if not n and want is not None and self.pos < want:
-                    raise _Transient(f"connection closed at byte {self.pos} of {want}")
-            except BaseException as exc:  # noqa: BLE001 - sorted by _failed
-                self._conn.close()
-                self._conn = None
-                self._failed(exc)
-                continue
-            if n:
-                if self._got >= self.min_rate * self._waited:  # a trickle does not reset it
-                    self._failures = 0
-                self.pos += n
-                IO_STATS["bytes"][self.url] += n
-            return n
+        with self._clock:
+            while True:
+                if self._conn is None:
+                    self._connect()
+                try:
+                    n = self._read(self._conn, view, fresh=True)
+                    want = self._size if self.end is None or self._size is None else min(
+                        self._size, self.end)
+                    if not n and want is not None and self.pos < want:
+                        raise _Transient(f"connection closed at byte {self.pos} of {want}")
+                except BaseException as exc:  # noqa: BLE001 - sorted by _failed
+                    self._conn.close()
+                    self._conn = None
+                    self._failed(exc)
+                    continue
+                if n:
+                    self.pos += n
+                    IO_STATS["bytes"][self.url] += n
+                return n
 
-    def _check_rate(self, n: int, waited: float) -> None:
-        """Count a read; a connection slower than ``min_rate`` bytes/s over the time spent
-        waiting on it (once that passes ``rate_window_s``) is a failure: reconnect or give up."""
-        self._waited += waited
+    def _read(self, conn: _Opened, view: memoryview, *, fresh: bool) -> int:
+        """One read of ``conn``, ended by the deadline at which the connection would have gone
+        ``window_s`` without keeping up, or the stream ``stall_s`` without progress. New bytes
+        (``fresh``) that bring the stream back to the minimum rate since it last did are
+        progress and reset the count of failures; bytes read again to be discarded are not,
+        but the time a connection spends re-sending them at the rate is no stall either."""
+        began = self._clock.now()
+        left = min(self.window_s - (began - self._window_from), self.stall_s - self._stalled())
+        conn.set_deadline(time.monotonic() + left)
+        try:
+            n = conn.raw.readinto(view) or 0
+        except deadlines.DeadlinePassed:
+            raise self._too_slow() from None
+        now = self._clock.now()
+        if fresh and n:
+            self._progress += n
+            if self._progress >= self.min_rate * self._stalled():
+                self._kept_up_at, self._progress, self._failures = now, 0, 0
         self._got += n
-        if self._waited >= self.rate_window_s and self._got < self.min_rate * self._waited:
-            raise _Transient(
-                f"the server sent {self._got} bytes in {self._waited:.1f} s of waiting, slower "
-                f"than the minimum of {self.min_rate} bytes/s; if the link is really this slow, "
-                "lower pooled_loader.core.constants.REMOTE_MIN_BYTES_PER_S (or pass "
-                "open_shard(min_bytes_per_s=...))")
+        if n and self._got >= self.min_rate * (now - self._window_from):  # the connection is
+            self._window_from, self._got = now, 0  # keeping up: its window starts again
+            if not fresh:
+                self._kept_up_at += now - began
+        elif now - self._window_from >= self.window_s or self._stalled() >= self.stall_s:
+            raise self._too_slow()
+        return n
+
+    def _too_slow(self) -> _Transient:
+        """The failure of a connection that fell behind the minimum rate (bytes, seconds and
+        bytes/s since it last kept up, and what to change)."""
+        waited = max(self._clock.now() - self._window_from, 1e-9)
+        return _Transient(
+            f"received {self._got} bytes in {waited:.1f} s of waiting ({self._got / waited:.1f} "
+            f"B/s), slower than the minimum of {self.min_rate} bytes/s over a window of "
+            f"{self.window_s} s; if the link is really this slow, lower "
+            "pooled_loader.core.constants.REMOTE_MIN_BYTES_PER_S (or pass "
+            "open_shard(min_bytes_per_s=...)), or allow a longer window with a larger "
+            "timeout_s or rate_window_s (the window is min(REMOTE_RATE_WINDOW_S, timeout_s))")
 
     def close(self) -> None:
         if self._conn is not None:
@@ -474,10 +430,19 @@ def open_shard(url: str, offset: int = 0, *, retries: int = RETRIES,
                end: Optional[int] = None, min_bytes_per_s: Optional[float] = None,
                rate_window_s: Optional[float] = None) -> BinaryIO:
     """A buffered binary stream of ``url`` from byte ``offset`` (to ``end``, exclusive, when
-    given) that reconnects on failure (see the module docstring). ``min_bytes_per_s`` and
-    ``rate_window_s`` default to ``constants.REMOTE_MIN_BYTES_PER_S`` and
-    ``REMOTE_RATE_WINDOW_S``. Raises ``RemoteReadError`` naming the URL when it cannot be
-    read."""
+    given) that reconnects on failure (see the module docstring).
+
+    Args:
+        retries: consecutive failed attempts before giving up.
+        backoff_s: the wait before the second retry in a row; doubles up to ``MAX_BACKOFF_S``.
+        timeout_s: the per-read timeout, the time allowed for the status line and headers, and
+            the cap of the default rate window.
+        min_bytes_per_s: the minimum rate (default ``constants.REMOTE_MIN_BYTES_PER_S``).
+        rate_window_s: ``W``, the time a connection may go without keeping up with the minimum
+            rate (default ``min(constants.REMOTE_RATE_WINDOW_S, timeout_s)``). The stream fails
+            after ``STALL_WINDOWS x W`` without progress, whatever ``retries`` remain.
+
+    Raises ``RemoteReadError`` naming the URL when it cannot be read."""
     raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s,
                           end=end, min_bytes_per_s=min_bytes_per_s, rate_window_s=rate_window_s)
     size = BUFFER_BYTES if end is None else max(1, min(BUFFER_BYTES, end - offset))
