@@ -3,7 +3,7 @@
 
     python scripts/benchmarks/bench_images.py --data DIR [--epochs 3] [--warmup 1] [--rounds 1]
                                    [--only NAME,...] [--json OUT] [--batch 256] [--workers 2]
-                                   [--baseline OTHER_CHECKOUT]
+                                   [--baseline OTHER_CHECKOUT] [--pillow-simd PYTHON]
 
 Every loader (see scripts/benchmarks/peers.py: ours, ours_cached, torch_pil, torch_decode_jpeg,
 webdataset, dali, dali_fused,
@@ -18,6 +18,9 @@ With --baseline DIR, ours and ours_cached also run from that checkout (rows "...
 after their own row in even rounds and right before it in odd ones), so a change is measured
 against the code before it in the same run.  The backends each checkout uses
 (pooled_loader.vision.backend_info(): ROI decoder or simplejpeg, kernel ISA) are printed first.
+With --pillow-simd PYTHON (an interpreter whose Pillow is Pillow-SIMD, e.g. a venv made with
+`--system-site-packages` and `CC="cc -mavx2" pip install --no-binary :all: pillow-simd`), the
+torch DataLoader + Pillow recipe also runs there, as row "torch_pil@simd", right after torch_pil.
 
 The table's "x ours" column is this loader's images/s divided by ours from the same round
 (median over rounds); "ceiling" rows are an upper bound, not a loader.  Load averages before and
@@ -52,6 +55,7 @@ ORDER = ["ours", "ours_cached", "torch_pil", "torch_decode_jpeg", "webdataset", 
 
 
 BASELINE_SUFFIX = "@before"
+SIMD_SUFFIX = "@simd"
 
 
 def run_one(name: str, a) -> dict:
@@ -61,7 +65,10 @@ def run_one(name: str, a) -> dict:
         if not os.path.exists(script):  # a checkout from before scripts/ had folders
             script = os.path.join(a.baseline, "scripts", "peers.py")
         peer = name[:-len(BASELINE_SUFFIX)]
-    cmd = [sys.executable, script, peer, "--data", a.data,
+    python = sys.executable
+    if name.endswith(SIMD_SUFFIX):  # the same loader under the Pillow-SIMD interpreter
+        python, peer = a.pillow_simd, name[:-len(SIMD_SUFFIX)]
+    cmd = [python, script, peer, "--data", a.data,
            "--batch", str(a.batch), "--workers", str(a.workers), "--epochs", str(a.epochs),
            "--warmup", str(a.warmup)]
     rec = {"name": name, "loadavg_before": os.getloadavg(), "started": time.time()}
@@ -127,6 +134,9 @@ def main(argv=None) -> int:
                     help="another checkout (built), e.g. `git worktree add /tmp/before <commit>`: "
                          "its ours/ours_cached also run, as ours@before / ours_cached@before, "
                          "interleaved with ours in every round")
+    ap.add_argument("--pillow-simd", default=None, metavar="PYTHON",
+                    help="an interpreter with Pillow-SIMD: torch_pil also runs there "
+                         "(row torch_pil@simd)")
     a = ap.parse_args(argv)
     a.data = os.path.abspath(a.data)
     names = [n.strip() for n in a.only.split(",") if n.strip()] or list(ORDER)
@@ -135,6 +145,8 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown loader(s) {bad}; known: {', '.join(ORDER)}")
     names = [n for n in names if n not in skip]
+    if a.pillow_simd and "torch_pil" in names:
+        names.insert(names.index("torch_pil") + 1, "torch_pil" + SIMD_SUFFIX)
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
         for n in ("ours_cached", "ours"):  # each right after its own row
