@@ -362,6 +362,18 @@ class Resume:
     # set_epoch() of another epoch followed the load: if the saved epoch has nothing left,
     # the next iter() starts the epoch set instead (loader._RestOrNext)
     advance: bool = False
+    # the `epoch` of the sampler that picks the order (DistributedSampler, accelerate's
+    # SeedableRandomSampler) when the saved pass began (None: no such sampler, or an older state)
+    sampler_epoch: int | None = None
+
+    def moves_on(self, sampler_epoch: int | None) -> bool:
+        """Whether the next iter() gives the rest of the saved epoch or, if none is left, the
+        next one: the loader's set_epoch() of another epoch followed the load, or the sampler's
+        own epoch is now past the saved pass's (verl sets its DistributedSampler's, not ours;
+        a new sampler left at 0 is not a move)."""
+        moved = self.sampler_epoch is not None and sampler_epoch is not None \
+            and sampler_epoch > self.sampler_epoch
+        return not self.finished and (self.advance or moved)
 
     def stream_dicts(self, new_epoch: bool = False,
                      set_epoch: int | None = None) -> dict[int, dict]:
@@ -503,4 +515,6 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
                                       max(saved_workers, 1) - 1, " (no such worker)"),
                   streams=streams, sampler_snapshot_step=step,
                   started=c.flag(state, f"{POOLED}.started") if "started" in saved else True,
-                  rng_check=rng_check)
+                  rng_check=rng_check,
+                  sampler_epoch=None if saved.get("sampler_epoch") is None
+                  else c.count(state, f"{POOLED}.sampler_epoch"))
