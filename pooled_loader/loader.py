@@ -23,7 +23,7 @@ from .engine.epoch import EpochSpec
 from .engine.iterators import HostTransformIter, InProcessIter, _HandedOut
 from .engine.pool import SlotPool
 from .resume.state import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
-                     StateMismatch, WorkerStream, parse)
+                     StateMismatch, WorkerStream, epoch_sampler, parse)
 from .core.seeds import rng_fingerprint
 from .core.state_checks import StateChecks
 from .observability.stats import LoaderStats, report_text
@@ -355,16 +355,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._pass_epoch = self._sampler_epoch()
 
     def _sampler_epoch(self) -> int | None:
-        """The `epoch` of the sampler that picks the order, if it has one (torch's
-        DistributedSampler; accelerate's SeedableRandomSampler, inside its batch samplers):
-        trainers set it on the sampler itself, past our `set_epoch`."""
-        batch = self.batch_sampler
-        for part in (self.sampler, getattr(batch, "sampler", None),
-                     getattr(getattr(batch, "batch_sampler", None), "sampler", None)):
-            epoch = getattr(part, "epoch", None)
-            if isinstance(epoch, int) and not isinstance(epoch, bool):
-                return epoch
-        return None
+        """The own epoch of the sampler that picks the order (`state.epoch_sampler`), or None."""
+        part = epoch_sampler(self._index_sampler)
+        return None if part is None else part.epoch
 
     def _drop_state_iterator(self) -> None:
         """Forget an iterator made by state_dict() before the first iter()."""

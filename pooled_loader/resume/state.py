@@ -46,6 +46,19 @@ def has_state(obj: Any) -> bool:
 
 
 # -- where the sampler stands ---------------------------------------------------------------------
+def epoch_sampler(index_sampler: Any) -> Any:
+    """The sampler whose own `epoch` picks the order (torch's DistributedSampler; accelerate's
+    SeedableRandomSampler, inside its batch samplers), or None. Trainers set that epoch on the
+    sampler itself, past the loader's `set_epoch`."""
+    for part in (index_sampler, getattr(index_sampler, "sampler", None),
+                 getattr(getattr(index_sampler, "batch_sampler", None), "sampler", None)):
+        epoch = getattr(part, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool) \
+                and callable(getattr(part, "set_epoch", None)):
+            return part
+    return None
+
+
 class SamplerCursor:
     """Snapshots and restores the index order of a map-style loader, in the main process.
 
@@ -122,6 +135,18 @@ class SamplerCursor:
         for _ in itertools.islice(it, skip):
             pass
         return it
+
+    def run_out(self, state: dict | None, skip: int) -> None:
+        """Replay the pass `state` describes to its end, as a state saved at an epoch's end
+        asks (a generator moves on as it did). The epoch set for the next pass stays: accelerate's
+        SeedableRandomSampler adds 1 to its own at each pass's end, which its uninterrupted
+        run did once already."""
+        part = epoch_sampler(self.index_sampler)
+        epoch = None if part is None else part.epoch
+        for _ in self.restore(state, skip):
+            pass
+        if part is not None and part.epoch != epoch:
+            part.set_epoch(epoch)
 
 
 @dataclass
