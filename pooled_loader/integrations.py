@@ -38,7 +38,15 @@ exact where accelerate alone is not:
   a state taken right after ``load_state_dict()`` was the one from before the load (``{}`` at
   first: the next resume replayed the epoch from its start). The patched ``load_state_dict``
   keeps the loaded state as that copy, and puts accelerate's epoch counter (``iteration``, which
-  its ``__iter__`` passes to ``set_epoch``) back to the state's epoch.
+  its ``__iter__`` passes to ``set_epoch``) back to the state's epoch: the sampler's own epoch
+  when the saved pass began (``_pooled.sampler_epoch``), else the loader's. With
+  ``use_seedable_sampler=True`` the permutation is ``SeedableRandomSampler``'s, drawn from
+  ``seed + epoch``; the counter restarted at 0 in a new process, so a state saved in epoch 1 or
+  later resumed epoch 0's permutation at the saved position (items lost and repeated; with a
+  plain ``DataLoader`` under ``use_stateful_dataloader=True``, accelerate's own
+  ``StatefulDataLoader`` loses the same items). That sampler also adds 1 to its epoch at each
+  pass's end, which the replay of a finished pass must not do again
+  (``resume.state.SamplerCursor.run_out``).
 - A shuffled map-style loader on several processes: accelerate wraps the batch sampler in its
   ``BatchSamplerShard`` and gives the sampler a generator of its own, whose state it never saves;
   a resume in new processes replayed the first epoch's permutation at the saved position
@@ -137,7 +145,11 @@ def _keeping_loaded_state(original: Callable) -> Callable:
             return
         self.dl_state_dict = copy.deepcopy(state_dict)
         pooled = state_dict.get("_pooled") if isinstance(state_dict, dict) else None
-        epoch = pooled.get("loader_epoch") if isinstance(pooled, dict) else None
+        pooled = pooled if isinstance(pooled, dict) else {}
+        # accelerate's set_epoch(iteration) reaches the sampler, not our loader: the sampler's
+        # epoch is the counter (a SeedableRandomSampler's permutation is seed + epoch)
+        epoch = pooled.get("sampler_epoch")
+        epoch = pooled.get("loader_epoch") if epoch is None else epoch
         if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 \
                 and hasattr(self, "iteration"):
             # a finished epoch (accelerate marks its last batch so) resumes at the next one

@@ -23,7 +23,7 @@ from .engine.epoch import EpochSpec
 from .engine.iterators import HostTransformIter, InProcessIter, _HandedOut
 from .engine.pool import SlotPool
 from .resume.state import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
-                     StateMismatch, WorkerStream, parse)
+                     StateMismatch, WorkerStream, epoch_sampler, parse)
 from .core.seeds import rng_fingerprint
 from .core.state_checks import StateChecks
 from .observability.stats import LoaderStats, report_text
@@ -59,7 +59,7 @@ _MERGED = StateChecks("PooledLoader.load_state_dict: the merged state")
 
 class _RestOrNext:
     """The first epoch after `load_state_dict` of a mid-epoch state then `set_epoch` of another
-    epoch: the rest of the saved epoch; if nothing of it was left (saved inside its last step,
+    epoch (ours, or the sampler's own: `Resume.moves_on`): the rest of the saved epoch; if nothing of it was left (saved inside its last step,
     as verl and many trainers save, then restarted at the next epoch), `start_next()` starts
     the epoch set, from the saved one's end (its sampler pass and datasets' end states)."""
 
@@ -191,6 +191,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._fused: Any = None  # the FusedFolder of the latest epoch, or None
         self._fused_line: str | None = None  # the line logged about it
         self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
+        self._pass_epoch: int | None = None  # the sampler's own epoch when that epoch began
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
         self._state_iterator: Iterator | None = None  # made by state_dict() before any iter()
@@ -246,6 +247,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             state = self._progress.state(self._state_check())
             state["_pooled"]["loader_epoch"] = self._epoch
             state["_pooled"]["rng_check"] = rng_fingerprint(self.generator)
+            if self._pass_epoch is not None:
+                state["_pooled"]["sampler_epoch"] = self._pass_epoch
             elastic = self._elastic_sampler()
             if elastic is not None:  # what merge_rank_states needs besides the counts
                 state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
@@ -352,6 +355,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def _publish_progress(self, progress: Progress) -> None:
         """The position of the epoch an iterator has just begun (what `state_dict()` reads)."""
         self._progress = progress
+        self._pass_epoch = self._sampler_epoch()
+
+    def _sampler_epoch(self) -> int | None:
+        """The own epoch of the sampler that picks the order (`state.epoch_sampler`), or None."""
+        part = epoch_sampler(self._index_sampler)
+        return None if part is None else part.epoch
 
     def _drop_state_iterator(self) -> None:
         """Forget an iterator made by state_dict() before the first iter()."""
@@ -379,7 +388,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         it, self._state_iterator = self._state_iterator, None
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it
-        if self._resume is not None and self._resume.advance:
+        if self._resume is not None and self._resume.moves_on(self._sampler_epoch()):
             return _RestOrNext(self._iter_epoch(), self._start_set_epoch)
         return self._iter_epoch()
 

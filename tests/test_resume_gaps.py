@@ -171,6 +171,63 @@ def test_state_saved_inside_the_last_step_restarts_at_the_epoch_set(kind, worker
     assert all(len(t) > 0 for t in results[PooledLoader])
 
 
+@pytest.mark.parametrize("when", ["after_load", "before_load"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_last_step_state_resumed_with_the_samplers_own_set_epoch_gives_that_epoch(workers,
+                                                                                   when):
+    """verl's loop (verl-project/verl #7401): the trainer sets the epoch on its own
+    DistributedSampler, never on the loader; saved inside the last step of epoch e, resumed
+    with sampler.set_epoch(e + 1): epoch e + 1 whole, then e + 2 (StatefulDataLoader gives an
+    empty epoch). A loop that sets no epoch anywhere gets StatefulDataLoader's empty epoch."""
+    ds = Noisy(14)
+
+    def make(cls):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=4)
+        return cls(ds, batch_size=3, sampler=sampler, num_workers=workers), sampler
+
+    def saved_in_last_step(cls, epochs, set_epochs=True):
+        loader, sampler = make(cls)
+        for e in range(epochs):
+            if set_epochs:
+                sampler.set_epoch(e)
+            it = iter(loader)
+            for _ in range(3):  # 7 samples of this rank, 3 batches
+                next(it)
+            if e == epochs - 1:
+                state = roundtrip(loader.state_dict())
+            assert next(it, None) is None
+        return state
+
+    for cls in (PooledLoader, SDL):
+        loader, sampler = make(cls)
+        truth = []
+        for e in range(4):
+            sampler.set_epoch(e)
+            truth.append(order(epoch(loader)))
+        assert truth[0] != truth[1] != truth[2] != truth[3]
+        for e in (0, 1):
+            resumed, sampler = make(cls)
+            if when == "before_load":
+                sampler.set_epoch(e + 1)
+            resumed.load_state_dict(saved_in_last_step(cls, e + 1))
+            if when == "after_load":
+                sampler.set_epoch(e + 1)
+            got = order(epoch(resumed))
+            if cls is SDL:
+                assert got in ([], truth[e + 1]), e
+                continue
+            assert got == truth[e + 1], (e, got)
+            sampler.set_epoch(e + 2)
+            assert order(epoch(resumed)) == truth[e + 2], e
+        # the control: no epoch set anywhere, as StatefulDataLoader (then the next pass whole)
+        loader, _ = make(cls)
+        plain_pass = order(epoch(loader))
+        resumed, _ = make(cls)
+        resumed.load_state_dict(saved_in_last_step(cls, 2, set_epochs=False))
+        assert epoch(resumed) == [], cls.__name__
+        assert order(epoch(resumed)) == plain_pass, cls.__name__
+
+
 # -- 3. a save soon after a resume ------------------------------------------------------------
 def _streams(kind, root):
     from pooled_loader.shards import writer as shards
@@ -326,3 +383,18 @@ def test_a_malformed_rng_digest_is_refused_at_load_naming_the_key(value):
     state["_pooled"]["rng_check"] = value
     with pytest.raises(ValueError, match="_pooled.rng_check' should be 16 hex digits"):
         PooledLoader(Noisy(10), batch_size=3, shuffle=True).load_state_dict(state)
+
+
+@pytest.mark.parametrize("value", [-1, "2", True, 1.5])
+def test_a_malformed_sampler_epoch_is_refused_at_load_naming_the_key(value):
+    ds = Noisy(10)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=0, seed=4)
+    loader = PooledLoader(ds, batch_size=3, sampler=sampler)
+    it = iter(loader)
+    next(it)
+    state = roundtrip(loader.state_dict())
+    assert state["_pooled"]["sampler_epoch"] == 0
+    state["_pooled"]["sampler_epoch"] = value
+    with pytest.raises(ValueError, match="_pooled.sampler_epoch"):
+        PooledLoader(ds, batch_size=3, sampler=DistributedSampler(
+            ds, num_replicas=2, rank=0, seed=4)).load_state_dict(state)

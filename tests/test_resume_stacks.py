@@ -196,6 +196,46 @@ def test_accelerate_shuffled_resume_in_new_processes_continues_the_saved_epoch(t
             assert got["third_after"] == truth["epoch2"], (rank, workers)
 
 
+@pytest.mark.timeout(2 * 240 + 60)
+def test_accelerate_seedable_sampler_resumed_in_new_processes_gives_the_uninterrupted_run(
+        tmp_path):
+    """accelerate issue 4195 with use_seedable_sampler=True (issue 45 item 5): its permutation is
+    seed + accelerate's epoch counter, which a new process restarts at 0, so a state saved in
+    epoch 1 resumed epoch 0's permutation at the saved position, and an epoch's end state (or a
+    last-step one, which accelerate marks finished) gave the next epoch's permutation twice (on
+    rank 0 of 2, 11 of the next 60 items lost). Every variant (state_dict with and without
+    use_stateful_dataloader, save_state/load_state, skip_first_batches; one process and a
+    simulated rank 0 of 2; mid-epoch, inside the last step, after the loop) resumed in a new
+    process gives the uninterrupted run's batches, in its order, for three passes."""
+    pytest.importorskip("accelerate")
+    import os
+    import subprocess
+    import sys
+
+    from test_integrations_ranks import HERE, REPO, RANKS_TIMEOUT_S
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (REPO, HERE, os.environ.get("PYTHONPATH")) if p)}
+    for phase in ("save", "resume"):
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "accelerate_seedable_resume.py"),
+                               phase, str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=RANKS_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+    saved = json.load(open(tmp_path / "save.json"))
+    resumed = json.load(open(tmp_path / "resume.json"))
+
+    def flat(batches):
+        return [i for b in batches for i in b]
+    assert len(saved) == 24
+    for variant, run in saved.items():
+        e = int(variant.split("-")[-1])
+        truth, steps = run["truth"][e:], len(run["head"])
+        assert run["head"] == truth[0][:steps], variant  # the saving run is the uninterrupted one
+        want = [p for p in (truth[0][steps:], *truth[1:]) if p][:3]
+        got = [p for p in resumed[variant] if p]
+        lost = [len(set(flat(w)) - set(flat(g))) for w, g in zip(want, got)]
+        assert got == want, (variant, f"items lost in each pass: {lost}")
+
+
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, True)])
 def test_hf_iterable_resumed_without_set_epoch_warns_and_set_epoch_gives_full_epochs(
         workers, persistent):

@@ -207,8 +207,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         else:
             if resume is not None:  # saved at the end of its epoch
                 if not self._iterable:
-                    for _ in self._cursor.restore(resume.sampler_state, resume.sampler_skip):
-                        pass
+                    self._cursor.run_out(resume.sampler_state, resume.sampler_skip)
                 if persistent or self._num_workers == 0:
                     restore = resume.stream_dicts(new_epoch=True, set_epoch=spec.epoch)
                 if self._num_workers == 0:  # this process's dataset, before the seed is drawn

@@ -46,6 +46,19 @@ def has_state(obj: Any) -> bool:
 
 
 # -- where the sampler stands ---------------------------------------------------------------------
+def epoch_sampler(index_sampler: Any) -> Any:
+    """The sampler whose own `epoch` picks the order (torch's DistributedSampler; accelerate's
+    SeedableRandomSampler, inside its batch samplers), or None. Trainers set that epoch on the
+    sampler itself, past the loader's `set_epoch`."""
+    for part in (index_sampler, getattr(index_sampler, "sampler", None),
+                 getattr(getattr(index_sampler, "batch_sampler", None), "sampler", None)):
+        epoch = getattr(part, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool) \
+                and callable(getattr(part, "set_epoch", None)):
+            return part
+    return None
+
+
 class SamplerCursor:
     """Snapshots and restores the index order of a map-style loader, in the main process.
 
@@ -122,6 +135,18 @@ class SamplerCursor:
         for _ in itertools.islice(it, skip):
             pass
         return it
+
+    def run_out(self, state: dict | None, skip: int) -> None:
+        """Replay the pass `state` describes to its end, as a state saved at an epoch's end
+        asks (a generator moves on as it did). The epoch set for the next pass stays: accelerate's
+        SeedableRandomSampler adds 1 to its own at each pass's end, which its uninterrupted
+        run did once already."""
+        part = epoch_sampler(self.index_sampler)
+        epoch = None if part is None else part.epoch
+        for _ in self.restore(state, skip):
+            pass
+        if part is not None and part.epoch != epoch:
+            part.set_epoch(epoch)
 
 
 @dataclass
@@ -362,6 +387,18 @@ class Resume:
     # set_epoch() of another epoch followed the load: if the saved epoch has nothing left,
     # the next iter() starts the epoch set instead (loader._RestOrNext)
     advance: bool = False
+    # the `epoch` of the sampler that picks the order (DistributedSampler, accelerate's
+    # SeedableRandomSampler) when the saved pass began (None: no such sampler, or an older state)
+    sampler_epoch: int | None = None
+
+    def moves_on(self, sampler_epoch: int | None) -> bool:
+        """Whether the next iter() gives the rest of the saved epoch or, if none is left, the
+        next one: the loader's set_epoch() of another epoch followed the load, or the sampler's
+        own epoch is now past the saved pass's (verl sets its DistributedSampler's, not ours;
+        a new sampler left at 0 is not a move)."""
+        moved = self.sampler_epoch is not None and sampler_epoch is not None \
+            and sampler_epoch > self.sampler_epoch
+        return not self.finished and (self.advance or moved)
 
     def stream_dicts(self, new_epoch: bool = False,
                      set_epoch: int | None = None) -> dict[int, dict]:
@@ -503,4 +540,6 @@ def parse(state: Any, check: dict, limits: Limits) -> Resume:
                                       max(saved_workers, 1) - 1, " (no such worker)"),
                   streams=streams, sampler_snapshot_step=step,
                   started=c.flag(state, f"{POOLED}.started") if "started" in saved else True,
-                  rng_check=rng_check)
+                  rng_check=rng_check,
+                  sampler_epoch=None if saved.get("sampler_epoch") is None
+                  else c.count(state, f"{POOLED}.sampler_epoch"))
