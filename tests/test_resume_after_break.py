@@ -10,9 +10,10 @@ import gc
 import json
 import os
 import time
+import weakref
 
 import pytest
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from pooled_loader import PooledLoader
 from pooled_loader.resume.elastic import merge_rank_states
@@ -113,3 +114,43 @@ def test_a_worker_still_starting_when_the_wait_ends_is_named_by_state_dict(tmp_p
         break
     with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\].*start state"):
         loader.state_dict()
+
+
+def _sleep_if_second(seconds: float, wid: int) -> None:
+    if wid == 1:
+        time.sleep(seconds)
+
+
+class _CollectsGarbage(Dataset):
+    """Each read runs the collector, as any allocation-heavy read in a worker may."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        gc.collect()
+        return i
+
+
+def test_an_iterator_dropped_in_a_cycle_does_nothing_in_a_process_forked_later(tmp_path):
+    """A dropped iterator held in a reference cycle is garbage the next collection finalises,
+    and a process forked before that (a torch DataLoader's worker: torch does not freeze the
+    collector) inherits it. There, its `__del__` waited for the parent's workers' start states
+    on the parent's pipes (up to `timeout`, stealing their messages): torch's worker hung until
+    DataLoader's own timeout. Found by the suite's time: a 0.5 s test took 60-120 s."""
+    loader = PooledLoader(Counter(str(tmp_path / "first"), n=50), batch_size=1, num_workers=2, timeout=60,
+                          worker_init_fn=functools.partial(_sleep_if_second, 30))
+    gc.disable()  # the cycle stays garbage until the forked worker collects it
+    try:
+        it = iter(loader)
+        next(it)  # worker 1 has not started: a collected iterator would wait for it
+        ref, cycle = weakref.ref(it), [it]
+        cycle.append(cycle)
+        del it, cycle
+        batches = list(DataLoader(_CollectsGarbage(), batch_size=2, num_workers=1, timeout=10))
+        assert [b.tolist() for b in batches] == [[0, 1], [2, 3]]
+    finally:
+        if ref() is not None:
+            ref()._stop()  # this process's workers: stopped here, not by the collector's wait
+        gc.enable()
+        gc.collect()

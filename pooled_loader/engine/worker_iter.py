@@ -68,6 +68,7 @@ class WorkerIter(_IterBase):
         self._cfg.shared_seed = self._shared_seed
         self._epoch = 0
         self._stopped = False
+        self._owner_pid = os.getpid()
         self._start_workers()
 
     # -- workers -----------------------------------------------------------------------------
@@ -372,6 +373,10 @@ class WorkerIter(_IterBase):
         return None
 
     def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            # Garbage inherited by a forked process (a torch DataLoader's worker collects it):
+            # its pipes are the parent's; waiting on them there would hang and steal messages.
+            return
         try:
             self._settle()  # a Ctrl-C here still stops the workers (finally)
         except Exception:  # noqa: BLE001 - the missing workers are named by state_dict()
