@@ -59,9 +59,10 @@ _MERGED = StateChecks("PooledLoader.load_state_dict: the merged state")
 
 class _RestOrNext:
     """The first epoch after `load_state_dict` of a mid-epoch state then `set_epoch` of another
-    epoch (ours, or the sampler's own: `Resume.moves_on`): the rest of the saved epoch; if nothing of it was left (saved inside its last step,
-    as verl and many trainers save, then restarted at the next epoch), `start_next()` starts
-    the epoch set, from the saved one's end (its sampler pass and datasets' end states)."""
+    epoch (ours, or the sampler's own: `Resume.moves_on`): the rest of the saved epoch; if
+    nothing of it was left (saved inside its last step, as verl and many trainers save, then
+    restarted at the next epoch), `start_next()` starts the epoch set, from the saved one's end
+    (its sampler pass and datasets' end states)."""
 
     def __init__(self, it: Iterator, start_next: Callable[[], Iterator]) -> None:
         self.it, self.start_next, self.fresh = it, start_next, True

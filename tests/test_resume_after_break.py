@@ -138,8 +138,8 @@ def test_an_iterator_dropped_in_a_cycle_does_nothing_in_a_process_forked_later(t
     collector) inherits it. There, its `__del__` waited for the parent's workers' start states
     on the parent's pipes (up to `timeout`, stealing their messages): torch's worker hung until
     DataLoader's own timeout. Found by the suite's time: a 0.5 s test took 60-120 s."""
-    loader = PooledLoader(Counter(str(tmp_path / "first"), n=50), batch_size=1, num_workers=2, timeout=60,
-                          worker_init_fn=functools.partial(_sleep_if_second, 30))
+    loader = PooledLoader(Counter(str(tmp_path / "first"), n=50), batch_size=1, num_workers=2,
+                          timeout=60, worker_init_fn=functools.partial(_sleep_if_second, 30))
     gc.disable()  # the cycle stays garbage until the forked worker collects it
     try:
         it = iter(loader)
