@@ -117,8 +117,7 @@ class WebDataset(IterableDataset):
         on_error: ``"raise"`` a ``SampleError`` naming shard and key, or ``"skip"`` and count
             the sample in ``self.skipped``.
         retries: consecutive failed attempts to read a shard (connection reset, short read, HTTP
-            5xx) before giving up on it; a shard that goes 90 s of waiting without progress (a
-            server that trickles) fails sooner; see ``pooled_loader.shards.remote``.
+            5xx) before giving up on it; 90 s without progress fails sooner (``shards.remote``).
         retry_backoff_s: the first retry is immediate; a second failure in a row waits this
             long, and the wait doubles with each further one.
         shuffle: ``"shards"`` (shard order + ``shuffle_buffer``, as above) or ``"global"``: one
