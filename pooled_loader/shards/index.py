@@ -47,7 +47,8 @@ from typing import Any, Callable, Iterator, Optional
 from . import remote
 from ..core.errors import ShardFormatError, ShardIndexError
 from ..core.safe_open import UnsafeFileError, open_regular
-from .samples import INDEX_SUFFIX, Sample, is_local_tar, local_sample_starts, shard_samples
+from .samples import (INDEX_SUFFIX, Sample, index_url, is_local_tar, local_sample_starts,
+                      shard_samples)
 
 __all__ = ["ShardIndex", "ShardIndexError", "INDEX_SUFFIX", "build_index", "write_index",
            "parse_index", "check_shard", "load_index", "load_indexes", "index_url", "read_sample",
@@ -77,11 +78,6 @@ class ShardIndex:
         return {"format": FORMAT, "shard_bytes": self.shard_bytes, "sha256": self.sha256,
                 "shard_mtime_ns": self.shard_mtime_ns, "offsets": list(self.offsets),
                 "sizes": list(self.sizes)}
-
-
-def index_url(url: str) -> str:
-    """Where the index of shard ``url`` lives (a sibling with the ``.idx.json`` suffix)."""
-    return url + INDEX_SUFFIX
 
 
 def build_index(path: str, max_sample_bytes: Optional[int] = None) -> ShardIndex:

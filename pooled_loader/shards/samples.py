@@ -35,8 +35,8 @@ Sample = dict[str, Any]
 Urls = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 COUNT_CACHE: dict[tuple, int] = {}  # (abspath, size, mtime) or (url,) -> samples
-# A shard's index (pooled_loader.shards.index) is the sibling URL + this; here so that an error
-# about a shard that does not fit its index can name both
+# A shard's index (pooled_loader.shards.index) is the sibling URL + this; here, with index_url,
+# so that an error about a shard that does not fit its index can name both
 INDEX_SUFFIX = ".idx.json"
 _SKIP_META = re.compile(r"__[^/]*__($|/)")  # tar_file_iterator's default skip_meta
 
@@ -77,6 +77,11 @@ def _not_a_sample_file(info: Member) -> bool:
             or bool(_SKIP_META.match(name)))
 
 
+def index_url(url: str) -> str:
+    """Where the index of shard ``url`` lives (a sibling with the ``.idx.json`` suffix)."""
+    return url + INDEX_SUFFIX
+
+
 def is_local_tar(url: str) -> bool:
     """An uncompressed local tar: its byte offsets are file offsets, so it can be seeked."""
     return "://" not in url and not url.startswith("pipe:") and url.endswith(".tar")
@@ -104,7 +109,7 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
         if size is not None and got is not None and got != size:
             raise ShardIndexError(f"shard {url} has {got} bytes, its index was made for {size}: "
                                   f"the shard changed since it was indexed; rebuild the index "
-                                  f"{url}{INDEX_SUFFIX} (`python -m pooled_loader shards index "
+                                  f"{index_url(url)} (`python -m pooled_loader shards index "
                                   "PATTERN`)")
         if base and not stream.peek(1):
             return  # resumed at the very end
