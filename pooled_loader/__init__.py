@@ -1,4 +1,8 @@
-"""pooled_loader: a drop-in torch DataLoader whose data path allocates nothing in steady state."""
+"""pooled_loader: a drop-in torch DataLoader whose data path allocates nothing in steady state.
+
+``PooledLoader`` and ``SlotPool`` are loaded on first use (PEP 562), so that importing one
+sub-package (``pooled_loader.vision``, ``pooled_loader.engine.worker``) loads only what it imports
+itself, never the loader and everything it composes."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,14 +10,25 @@ from typing import Any
 import torch.utils.data
 
 from .core.errors import PoolAllocationError, SampleError, WorkerError
-from .integrations import maybe_patch_accelerate
-from .loader import PooledLoader
-from .engine.pool import SlotPool
-
-maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 
 __all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAllocationError", "get_worker_info"]
 __version__ = "0.1.0"
+
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PooledLoader":
+        from .loader import PooledLoader as value
+    elif name == "SlotPool":
+        from .engine.pool import SlotPool as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"PooledLoader", "SlotPool"})
 
 
 def get_worker_info() -> Any:

@@ -46,7 +46,7 @@ exact where accelerate alone is not:
   plain ``DataLoader`` under ``use_stateful_dataloader=True``, accelerate's own
   ``StatefulDataLoader`` loses the same items). That sampler also adds 1 to its epoch at each
   pass's end, which the replay of a finished pass must not do again
-  (``resume.state.SamplerCursor.run_out``).
+  (``engine.position.SamplerCursor.run_out``).
 - A shuffled map-style loader on several processes: accelerate wraps the batch sampler in its
   ``BatchSamplerShard`` and gives the sampler a generator of its own, whose state it never saves;
   a resume in new processes replayed the first epoch's permutation at the saved position
@@ -72,7 +72,7 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from .core.errors import StateMismatch
-from .resume.sampler import encode_generator
+from .engine.sampler import encode_generator
 
 __all__ = ["patch_accelerate", "maybe_patch_accelerate"]
 
@@ -308,7 +308,7 @@ def _resumable_shard(batch_sampler: Any) -> Any:
     a torch BatchSampler of our ResumableRandomSampler (shuffle=True)."""
     from accelerate.data_loader import BatchSamplerShard
 
-    from .resume.sampler import ResumableRandomSampler
+    from .engine.sampler import ResumableRandomSampler
     inner = getattr(getattr(batch_sampler, "batch_sampler", None), "sampler", None)
     if type(batch_sampler) is not BatchSamplerShard or not isinstance(inner,
                                                                        ResumableRandomSampler):

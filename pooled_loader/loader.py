@@ -5,8 +5,10 @@ It subclasses `torch.utils.data.DataLoader`, so construction, argument checks, s
 and `isinstance(loader, DataLoader)` are exactly torch's; only the iterator is ours.
 
 The loader holds the arguments, the pool and the statistics; the iterators that run an epoch are
-in ``iterators.py`` (in-process) and ``worker_iter.py`` (worker processes), and take what they
-need as one `epoch.EpochSpec`; the figures of ``stats()``/``report()`` are in ``stats.py``.
+in ``engine/iterators.py`` (in-process) and ``engine/worker_iter.py`` (worker processes), and take
+what they need as one frozen `engine.epoch.EpochSpec`, handing back the epoch's
+`engine.position.EpochPosition`; ``resume/state.py`` turns that into a state and back; the
+figures of ``stats()``/``report()`` are in ``observability/stats.py``.
 """
 from __future__ import annotations
 
@@ -18,18 +20,25 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from .core.constants import DEFAULT_PREFETCH_FACTOR, FIRST_SLOT_BYTES, default_pool_slots
-from .ragged.collate import RaggedCollate
-from .engine.epoch import EpochSpec
-from .engine.iterators import HostTransformIter, InProcessIter, _HandedOut
-from .engine.pool import SlotPool
-from .resume.state import (Limits, Progress, ResumableRandomSampler, Resume, SamplerCursor,
-                     StateMismatch, WorkerStream, epoch_sampler, parse)
+from .core.errors import StateMismatch
+from .core.hooks import hooks_of
 from .core.seeds import rng_fingerprint
 from .core.state_checks import StateChecks
+from .engine.epoch import EpochSpec
+from .engine.iterators import HandedOut, HostTransformIter, InProcessIter, RestOrNext
+from .engine.pool import SlotPool
+from .engine.position import EpochPosition, Resume, WorkerStream, epoch_sampler
+from .engine.sampler import ResumableRandomSampler
+from .engine.worker_iter import WorkerIter
+from .integrations import maybe_patch_accelerate
 from .observability.stats import LoaderStats, report_text
 from .observability.trace import DEFAULT_TRACE_BATCHES, TraceRecorder
-from .engine.worker_iter import WorkerIter
-from .resume.yielded import expose, honour_adjustment
+from .ragged.collate import RaggedCollate
+from .resume.keys import ELASTIC, LOADER_EPOCH, POOLED
+from .resume.state import Limits, build_state, check_sampler_state, parse
+from .resume.yielded import honour_adjustment
+
+maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -46,45 +55,8 @@ def _maybe_folder(dataset: Any) -> bool:
                for c in type(dataset).__mro__)
 
 
-def _stop(iterator: Any) -> None:
-    """Stop an iterator's workers, if it has any (InProcessIter has none)."""
-    stop = getattr(iterator, "_stop", None)
-    if stop is not None:
-        stop()
-
-
 _STATE = StateChecks("PooledLoader.load_state_dict: the state")
 _MERGED = StateChecks("PooledLoader.load_state_dict: the merged state")
-
-
-class _RestOrNext:
-    """The first epoch after `load_state_dict` of a mid-epoch state then `set_epoch` of another
-    epoch (ours, or the sampler's own: `Resume.moves_on`): the rest of the saved epoch; if
-    nothing of it was left (saved inside its last step, as verl and many trainers save, then
-    restarted at the next epoch), `start_next()` starts the epoch set, from the saved one's end
-    (its sampler pass and datasets' end states)."""
-
-    def __init__(self, it: Iterator, start_next: Callable[[], Iterator]) -> None:
-        self.it, self.start_next, self.fresh = it, start_next, True
-
-    def __iter__(self) -> "_RestOrNext":
-        return self
-
-    def __next__(self) -> Any:
-        fresh, self.fresh = self.fresh, False
-        try:
-            return next(self.it)
-        except StopIteration:
-            if not fresh:
-                raise
-        self.it = self.start_next()
-        return next(self.it)
-
-    def __len__(self) -> int:
-        return len(self.it)
-
-    def __getattr__(self, name: str) -> Any:  # _workers, _stop, ...
-        return getattr(self.it, name)
 
 
 class PooledLoader(DataLoader[T_co], Generic[T_co]):
@@ -163,9 +135,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                          multiprocessing_context, generator, prefetch_factor=prefetch_factor,
                          persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        bind = getattr(dataset, "pooled_batch_size", None)
-        if callable(bind):  # e.g. mix.Mix: blocks of the loader's batch size, any num_workers
-            bind(self.batch_size)
+        # e.g. mix.Mix: blocks of the loader's batch size, whatever num_workers
+        hooks_of(dataset).pooled_batch_size(self.batch_size)
         # Checked at the first iter(): accelerate and Lightning replace the sampler after this.
         self._check_undistributed = bool(shuffle_requested) and not distributed
         self._starved_checked = False  # warn_if_starved, at the first iter()
@@ -184,14 +155,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self.trace_path, self.trace_batches = trace, trace_batches
         if trace is not None:
             self._stats.trace = TraceRecorder(trace, trace_batches)
-        self._epoch: int | None = None
+        self._epoch: int | None = None  # the last set_epoch()
         self.snapshot_every_n_steps = snapshot_every_n_steps or 0
         self.per_sample_seed = bool(per_sample_seed)
         # a torchvision ImageFolder + Compose run on the fused image path (docs/vision.md)
         self.accelerate_transforms = bool(accelerate_transforms)
         self._fused: Any = None  # the FusedFolder of the latest epoch, or None
         self._fused_line: str | None = None  # the line logged about it
-        self._progress: Progress | None = None  # the latest epoch's position (kept after it ends)
+        self._epoch_position: EpochPosition | None = None  # the latest epoch's (kept after it)
         self._pass_epoch: int | None = None  # the sampler's own epoch when that epoch began
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
@@ -240,22 +211,19 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         Before the first `iter()`, as StatefulDataLoader does, the iterator that `iter()` will
         return is made now (its base seed drawn, its sampler's pass and its workers started), so
         the state records the shuffle and seeds of the epoch that follows."""
-        if self._progress is None and self._resume_raw is None:
+        if self._epoch_position is None and self._resume_raw is None:
             self._state_iterator = self._get_iterator()
             if self.persistent_workers and self.num_workers > 0:
                 self._iterator = self._state_iterator
-        if self._progress is not None:
-            state = self._progress.state(self._state_check())
-            state["_pooled"]["loader_epoch"] = self._epoch
-            state["_pooled"]["rng_check"] = rng_fingerprint(self.generator)
-            if self._pass_epoch is not None:
-                state["_pooled"]["sampler_epoch"] = self._pass_epoch
-            elastic = self._elastic_sampler()
-            if elastic is not None:  # what merge_rank_states needs besides the counts
-                state["_pooled"]["elastic"] = {"epoch": elastic.epoch, "seed": elastic.seed,
-                                               "shuffle": elastic.shuffle, "plan": elastic.plan}
-            return expose(state)
-        return copy.deepcopy(self._resume_raw)
+        if self._epoch_position is None:
+            return copy.deepcopy(self._resume_raw)
+        elastic = self._elastic_sampler()
+        return build_state(self._epoch_position, self._state_check(),
+                           loader_epoch=self._epoch, rng_check=rng_fingerprint(self.generator),
+                           sampler_epoch=self._pass_epoch,
+                           elastic=None if elastic is None else {
+                               "epoch": elastic.epoch, "seed": elastic.seed,
+                               "shuffle": elastic.shuffle, "plan": elastic.plan})
 
     def _elastic_sampler(self) -> Any:
         from .resume.elastic import ElasticDistributedSampler
@@ -270,7 +238,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         when `state` is this rank's own state (the exact path)."""
         from .resume.elastic import check_merged, is_merged, merge_rank_states, plan_from
         if not is_merged(state):
-            pooled = state.get("_pooled") if isinstance(state, dict) else None
+            pooled = state.get(POOLED) if isinstance(state, dict) else None
             if not isinstance(pooled, dict) or (pooled.get("world_size"), pooled.get("rank")) \
                     == (sampler.num_replicas, sampler.rank):
                 return False
@@ -282,7 +250,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         epoch = _MERGED.count(state, "epoch")
         sampler.set_plan(None if state.get("finished") else plan_from(state))
         self.set_epoch(epoch)
-        self._progress = self._resume = self._resume_raw = None
+        self._epoch_position = self._resume = self._resume_raw = None
         return True
 
     def load_state_dict(self, state: dict) -> None:
@@ -307,18 +275,18 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             return
         resume = parse(state, self._state_check(), self._state_limits())
         if not isinstance(self.dataset, IterableDataset):
-            SamplerCursor(self._index_sampler).check(resume.sampler_state)
-        adopt = getattr(self.dataset, "pooled_check_states", None)
-        if callable(adopt):  # e.g. mix.Mix: checks its states here and takes their weights
-            adopt([s.dataset_state for s in resume.streams.values()])
-        if state["_pooled"].get("loader_epoch") is not None:
-            self.set_epoch(_STATE.count(state, "_pooled.loader_epoch"))
+            check_sampler_state(self._index_sampler, resume.sampler_state)
+        # e.g. mix.Mix: checks its states here and takes their weights
+        hooks_of(self.dataset).pooled_check_states(
+            [s.dataset_state for s in resume.streams.values()])
+        if state[POOLED].get(LOADER_EPOCH) is not None:
+            self.set_epoch(_STATE.count(state, f"{POOLED}.{LOADER_EPOCH}"))
         if elastic is not None:  # a resumed epoch's plan (elastic), then the count inside it
             from .resume.elastic import check_plan
-            plan = (state["_pooled"].get("elastic") or {}).get("plan")
+            plan = (state[POOLED].get(ELASTIC) or {}).get("plan")
             check_plan(plan, len(self.dataset))
             elastic.set_plan(plan)
-        self._progress = None
+        self._epoch_position = None
         self._resume = resume if resume.started else None
         self._resume_raw = copy.deepcopy(state)
         from .resume.replay_watch import ReplayWatch  # HF datasets replay a loaded state (see there)
@@ -341,9 +309,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             w: WorkerStream(w, dataset_state=merged) for w in range(max(self.num_workers, 1))}
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self.set_epoch(merged["epoch"])
-        self._progress = None
+        self._epoch_position = None
         self._resume_raw = copy.deepcopy(state)
-        self._resume = Resume(finished=False, base_seed=seed, epoch=0, num_yielded=0,
+        self._resume = Resume(finished=False, base_seed=seed, seed_epoch=0, num_yielded=0,
                               sampler_state=None, sampler_skip=0, delivered_prefix=0,
                               delivered_ahead=set(), last_worker=max(self.num_workers - 1, 0),
                               streams=streams, sampler_snapshot_step=0, started=True)
@@ -353,13 +321,14 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         resume, self._resume, self._resume_raw = self._resume, None, None
         return resume
 
-    def _publish_progress(self, progress: Progress) -> None:
+    def _publish_position(self, position: EpochPosition) -> None:
         """The position of the epoch an iterator has just begun (what `state_dict()` reads)."""
-        self._progress = progress
+        self._epoch_position = position
         self._pass_epoch = self._sampler_epoch()
 
     def _sampler_epoch(self) -> int | None:
-        """The own epoch of the sampler that picks the order (`state.epoch_sampler`), or None."""
+        """The own epoch of the sampler that picks the order (`position.epoch_sampler`), or
+        None."""
         part = epoch_sampler(self._index_sampler)
         return None if part is None else part.epoch
 
@@ -370,14 +339,13 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             return
         if self._iterator is it:
             self._iterator = None
-        _stop(it)
+        it._stop()
 
     def _start_set_epoch(self) -> Iterator:
-        """The saved epoch had nothing left (`_RestOrNext`): its state now, at its end, is an
+        """The saved epoch had nothing left (`RestOrNext`): its state now, at its end, is an
         end-of-epoch state; start the next epoch from it as from a loaded one."""
         check = self._state_check()
-        state = self._progress.state(check)
-        state["_pooled"]["loader_epoch"] = self._epoch
+        state = build_state(self._epoch_position, check, loader_epoch=self._epoch, exposed=False)
         self._resume = parse(state, check, self._state_limits())
         self._resume.rng_check = rng_fingerprint(self.generator)  # nothing to discard here
         return self._iter_epoch()
@@ -390,7 +358,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if it is not None:  # made by state_dict() before this first iter(): its epoch
             return it
         if self._resume is not None and self._resume.moves_on(self._sampler_epoch()):
-            return _RestOrNext(self._iter_epoch(), self._start_set_epoch)
+            return RestOrNext(self._iter_epoch(), self._start_set_epoch)
         return self._iter_epoch()
 
     def _iter_epoch(self) -> Iterator:
@@ -425,10 +393,11 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         figures = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
         if self._fused is not None:
             figures["transforms"] = self._fused.describe()
-        account = getattr(self.dataset, "pooled_figures", None)
-        if callable(account):  # e.g. mix.Mix: figures["mix"] from the delivered states
-            streams = self._progress.streams.values() if self._progress is not None else ()
-            figures.update(account([s.dataset_state for s in streams], figures))
+        # e.g. mix.Mix: figures["mix"] from the delivered states
+        position = self._epoch_position
+        streams = position.streams.values() if position is not None else ()
+        figures.update(hooks_of(self.dataset).pooled_figures(
+            [s.dataset_state for s in streams], figures))
         return figures
 
     def reset_stats(self) -> None:
@@ -453,7 +422,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         Batches still held stay valid; the pool's memory goes when the last one is dropped."""
         self._drop_state_iterator()
         iterator, self._iterator = self._iterator, None
-        _stop(iterator)
+        if iterator is not None:
+            iterator._stop()
         self._stats.epoch_done()  # writes the trace, if one is recorded
         if self._pool is not None:
             self._pool.close()
@@ -464,7 +434,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         state travel; the pool, the workers and the live epoch's position do not (a copy makes
         its own on its first iter())."""
         state = self.__dict__.copy()
-        state.update(_pool=None, _iterator=None, _progress=None, _state_iterator=None)
+        state.update(_pool=None, _iterator=None, _epoch_position=None, _state_iterator=None)
         return state
 
     # -- iterator plumbing ---------------------------------------------------------------------
@@ -499,8 +469,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             multiprocessing_context=self.multiprocessing_context, in_order=self.in_order,
             pin_memory=self.pin_memory, pin_memory_device=self.pin_memory_device,
             pinned=self._pins_pool(), len_called=self._IterableDataset_len_called,
-            epoch=self._epoch, pool=self._get_pool(), stats=self._stats,
-            resume=self._take_resume(), publish=self._publish_progress)
+            loader_epoch=self._epoch, pool=self._get_pool(), stats=self._stats,
+            resume=self._take_resume(), publish=self._publish_position)
 
     def _worker_dataset(self) -> Any:
         """The dataset the workers read: a torchvision folder dataset whose transform runs on
@@ -551,9 +521,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             pin_pool(self._pool, backend)  # after forking the workers: see pooled_loader.cuda
             if on_cuda:
                 depth = self.prefetch_factor or DEFAULT_PREFETCH_FACTOR
-                return _HandedOut(DeviceIter(it, self.device, depth=depth,
-                                             transform=self.device_transform, backend=backend),
-                                  it)
+                return HandedOut(DeviceIter(it, self.device, depth=depth,
+                                            transform=self.device_transform, backend=backend),
+                                 it)
         if self.device_transform is not None:
             return HostTransformIter(it, self.device_transform)
         return it

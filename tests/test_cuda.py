@@ -204,7 +204,7 @@ def test_every_epoch_reuses_the_loaders_one_backend(manual_cuda):
     other = PooledLoader(Images(16), batch_size=4, device="cuda", pool_slots=8)
     for epoch in range(3):
         it = iter(loader)
-        assert it.backend is manual_cuda[0]
+        assert it.inner.backend is manual_cuda[0]  # HandedOut(DeviceIter)
         assert len(list(it)) == 4
     assert len(list(other)) == 4
     assert len(manual_cuda) == 2  # one per loader, whatever the number of epochs

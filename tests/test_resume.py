@@ -278,12 +278,12 @@ def test_resume_semantics_match_torchdata_stateful_dataloader(kind):
 def test_batches_staged_ahead_for_the_device_count_only_once_handed_out(workers):
     from test_cuda import ManualBackend  # the CUDA runtime's stand-in: copies are clones
     from pooled_loader.engine.cuda import DeviceIter
-    from pooled_loader.loader import _HandedOut
+    from pooled_loader.engine.iterators import HandedOut
     loader = PooledLoader(Noisy(12), batch_size=2, num_workers=workers)
     base = loader._get_iterator()
-    it = _HandedOut(DeviceIter(base, "cpu", depth=3, backend=ManualBackend()), base)
+    it = HandedOut(DeviceIter(base, "cpu", depth=3, backend=ManualBackend()), base)
     got = [next(it)[0].tolist() for _ in range(2)]
-    assert base._progress.held  # the device stage holds batches not yet handed out
+    assert base._epoch_position.held  # the device stage holds batches not yet handed out
     state = loader.state_dict()
     assert state["_snapshot"]["_snapshot_step"] == 2
     rest = resumed(PooledLoader(Noisy(12), batch_size=2, num_workers=workers), state)

@@ -66,6 +66,7 @@ import torch
 
 from ..core import trees
 from .pool import Arena, SlotLease, SlotPool, unfenced_releases
+from .iterators import Stage, _IterBase
 
 # cudaHostRegisterPortable: the memory counts as pinned in every CUDA context, so a copy to any
 # device is a direct DMA (torch.cuda._pin_memory_utils registers with the same flag).
@@ -379,25 +380,21 @@ def map_tensors(tree: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return trees.map_leaves(tree, fn, lambda x: isinstance(x, torch.Tensor))
 
 
-class DeviceIter:
-    """Wraps a host iterator: keeps `depth` batches in flight to the device."""
+class DeviceIter(Stage):
+    """Wraps a host iterator (the epoch's iterator, or any iterator of host batches): keeps
+    `depth` batches in flight to the device."""
 
     def __init__(self, host: Iterator, device: Any, depth: int = 2,
                  transform: Callable[[Any], Any] | None = None, backend: Any = None):
-        self.base = host
+        super().__init__(host)
         self.backend = backend if backend is not None else CudaBackend(device)
         self.depth = max(1, depth)
         self.transform = transform
         self._in_flight: collections.deque = collections.deque()  # (device batch, event, tensors)
         self._copying: list[tuple[Any, Any]] = []  # (event, host batch): slot released when done
         self._exhausted = False
-        self._stats = getattr(host, "_stats", None)  # the loader's: "h2d" time is booked there
-
-    def __iter__(self) -> "DeviceIter":
-        return self
-
-    def __len__(self) -> int:
-        return len(self.base)
+        # the loader's statistics, where "h2d" time is booked (none for a plain iterator)
+        self._stats = host._stats if isinstance(host, _IterBase) else None
 
     def _launch(self, host_batch: Any) -> None:
         start = time.perf_counter()
@@ -430,7 +427,7 @@ class DeviceIter:
         self._release_finished_copies()
         while not self._exhausted and len(self._in_flight) < self.depth:
             try:
-                self._launch(next(self.base))
+                self._launch(next(self.inner))
             except StopIteration:
                 self._exhausted = True
         if not self._in_flight:
@@ -443,7 +440,7 @@ class DeviceIter:
     def _reset(self, spec: Any) -> None:
         """The next epoch of a persistent iterator (`spec`: its `epoch.EpochSpec`)."""
         self.close()
-        self.base._reset(spec)
+        self.inner._reset(spec)
         self._exhausted = False
 
     def close(self) -> None:
@@ -460,9 +457,7 @@ class DeviceIter:
         try:
             self.close()
         finally:
-            stop = getattr(self.base, "_stop", None)
-            if stop is not None:
-                stop()
+            self.inner._stop()
 
 
 class NormalizeImages:

@@ -16,9 +16,10 @@ if TYPE_CHECKING:  # types only: this module imports nothing of the package at r
 __all__ = ["EpochSpec"]
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class EpochSpec:
-    """One epoch's inputs (from the loader's arguments and state) and its one output."""
+    """One epoch's inputs (from the loader's arguments and state) and its one output; built
+    once, never changed."""
 
     dataset: Any
     index_sampler: Any  # the loader's batch sampler, or its sampler without auto-collation
@@ -43,8 +44,8 @@ class EpochSpec:
     pin_memory_device: str
     pinned: bool  # batches come from a pinned pool (a CUDA device, or pin_memory with CUDA)
     len_called: int | None  # len(loader) of an iterable dataset, once asked (DataLoader's check)
-    epoch: int | None  # the last `set_epoch()`, forwarded to persistent workers' datasets
+    loader_epoch: int | None  # the last `set_epoch()`, forwarded to persistent workers' datasets
     pool: Any  # the loader's `pool.SlotPool`
     stats: Any  # the loader's `stats.LoaderStats`
-    resume: Any  # the loaded `resume.Resume` this epoch starts from (handed over once), or None
-    publish: Callable[[Any], None]  # takes the epoch's `resume.Progress` (state_dict reads it)
+    resume: Any  # the loaded `position.Resume` this epoch starts from (handed over once), or None
+    publish: Callable[[Any], None]  # takes the epoch's `position.EpochPosition` (state_dict's)

@@ -7,9 +7,14 @@ as zero-copy views of pool slots. Each takes what it needs of its loader as one 
   path the workers run, without processes.
 - ``worker_iter.WorkerIter`` (``num_workers > 0``) runs it in worker processes.
 - ``HostTransformIter`` applies ``device_transform`` on the host when there is no CUDA device.
+
+Every iterator the loader hands out has the same lifecycle (``Stage`` forwards it through a
+wrapper): ``_reset(spec)`` starts the next epoch on persistent workers, ``_stop()`` stops the
+workers (nothing in process), ``_workers`` lists the worker processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 import weakref
@@ -26,77 +31,100 @@ from .epoch import EpochSpec
 from .interrupts import install_interrupt_guard
 from .layout import as_type, unflatten
 from .messages import BatchLayout
+from .messages import Restore
 from .pool import ArenaMap, SlotRef
-from ..resume.state import Progress, Resume, SamplerCursor, has_state
+from .position import EpochPosition, Resume, SamplerCursor
 from ..core.seeds import rng_fingerprint
+from ..core.stateful import follows_stateful
 from .slot_collate import Collated
 from .worker import BatchMaker, SampleFailure, WorkerConfig, seed_datapipe
 
 
-class _HandedOut:
-    """Around a stage that prefetches batches from our iterator (cuda.DeviceIter): a batch
-    counts as delivered for `state_dict()` only when this hands it to the training loop."""
+class Stage(torch_dataloader._BaseDataLoaderIter):
+    """An iterator around the epoch's iterator `inner` (or around another stage): forwards the
+    lifecycle every iterator of the loader has. Subclasses define `__next__`."""
 
-    def __init__(self, stage: Any, base: "_IterBase") -> None:
-        self.stage, self.base = stage, base
-        base._deferred = True
-        base._progress.deferred = True
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
 
-    def __iter__(self) -> "_HandedOut":
+    def __iter__(self) -> "Stage":
         return self
 
-    def __next__(self) -> Any:
-        try:
-            batch = next(self.stage)
-        except StopIteration:
-            self.base._progress.commit(everything=True)
-            raise
-        self.base._progress.commit()
-        return batch
-
     def __len__(self) -> int:
-        return len(self.stage)
-
-    def __getattr__(self, name: str) -> Any:  # _reset, _stop, close, _workers, ...
-        return getattr(self.stage, name)
-
-
-class HostTransformIter(torch_dataloader._BaseDataLoaderIter):
-    """device_transform without a CUDA device: applied on the host after each batch."""
-
-    def __init__(self, base: Iterator, transform: Callable) -> None:
-        self.base, self.transform = base, transform
-
-    def __iter__(self) -> "HostTransformIter":
-        return self
-
-    def __next__(self) -> Any:
-        return self.transform(next(self.base))
-
-    def __len__(self) -> int:
-        return len(self.base)
+        return len(self.inner)
 
     def _reset(self, spec: EpochSpec) -> None:
-        self.base._reset(spec)
+        self.inner._reset(spec)
+
+    def _stop(self) -> None:
+        self.inner._stop()
 
     @property
     def _workers(self) -> list:
-        return self.base._workers
-
-    def _stop(self) -> None:
-        stop = getattr(self.base, "_stop", None)
-        if stop is not None:
-            stop()
+        return self.inner._workers
 
 
-def _restore_dataset_first(dataset: Any, restore: dict[int, dict]) -> None:
+class HandedOut(Stage):
+    """Around a stage that prefetches batches from the epoch's iterator `base`
+    (cuda.DeviceIter): a batch counts as delivered for `state_dict()` only when this hands it
+    to the training loop."""
+
+    def __init__(self, stage: Stage, base: "_IterBase") -> None:
+        super().__init__(stage)
+        self.base = base
+        base.defer_delivery()
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self.inner)
+        except StopIteration:
+            self.base.commit_delivery(everything=True)
+            raise
+        self.base.commit_delivery()
+        return batch
+
+
+class HostTransformIter(Stage):
+    """device_transform without a CUDA device: applied on the host after each batch."""
+
+    def __init__(self, base: Iterator, transform: Callable) -> None:
+        super().__init__(base)
+        self.transform = transform
+
+    def __next__(self) -> Any:
+        return self.transform(next(self.inner))
+
+
+class RestOrNext(Stage):
+    """The first epoch after `load_state_dict` of a mid-epoch state then `set_epoch` of another
+    epoch (ours, or the sampler's own: `Resume.moves_on`): the rest of the saved epoch; if
+    nothing of it was left (saved inside its last step, as verl and many trainers save, then
+    restarted at the next epoch), `start_next()` starts the epoch set, from the saved one's end
+    (its sampler pass and datasets' end states)."""
+
+    def __init__(self, it: Iterator, start_next: Callable[[], Iterator]) -> None:
+        super().__init__(it)
+        self.start_next, self.fresh = start_next, True
+
+    def __next__(self) -> Any:
+        fresh, self.fresh = self.fresh, False
+        try:
+            return next(self.inner)
+        except StopIteration:
+            if not fresh:
+                raise
+        self.inner = self.start_next()
+        return next(self.inner)
+
+
+def _restore_dataset_first(dataset: Any, restore: dict[int, Restore]) -> None:
     """With 0 workers, load the dataset's end-of-epoch state before the next epoch draws its
     base seed, as the uninterrupted run kept it: a dataset whose state is torch's RNG then sees
-    the same draws. Its stream then restores nothing more of it."""
-    stream = restore.get(0)
-    if stream is not None and stream["dataset_state"] is not None and has_state(dataset):
-        dataset.load_state_dict(stream["dataset_state"])
-        restore[0] = {**stream, "dataset_state": None}
+    the same draws. Its restore then loads nothing more of it."""
+    mine = restore.get(0)
+    if mine is not None and mine.dataset_state is not None and follows_stateful(dataset):
+        dataset.load_state_dict(mine.dataset_state)
+        restore[0] = dataclasses.replace(mine, dataset_state=None)
 
 
 def _base_seed(spec: EpochSpec) -> int:
@@ -109,8 +137,11 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
     A `_BaseDataLoaderIter` by type only (its __init__ is not run), for tools that recognise
     DataLoader iterators that way, e.g. Lightning's CombinedLoader when it is pickled."""
 
+    _workers: list = []  # the worker processes (none in process)
+
     def __init__(self, spec: EpochSpec) -> None:
         install_interrupt_guard()
+        self._deferred = False  # a prefetching stage hands batches out (`defer_delivery`)
         self._pool = spec.pool
         self._stats = spec.stats
         self._iterable = isinstance(spec.dataset, IterableDataset)
@@ -136,7 +167,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         self._elastic = spec.elastic if spec.per_sample_seed else None
         self._seed = 0
         self._seed_epoch = 0
-        self._resumed = self._begin_epoch(spec, first=True)
+        self._begin_epoch(spec, first=True)
         if spec.pin_memory and spec.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
                           f"as the device,ignore pin_memory_device='{spec.pin_memory_device}'.",
@@ -147,6 +178,22 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 
     def __iter__(self) -> "_IterBase":
         return self
+
+    def _reset(self, spec: EpochSpec) -> None:
+        """The next epoch on these workers (only persistent workers are reset)."""
+        raise NotImplementedError(f"{type(self).__name__} runs one epoch")
+
+    def _stop(self) -> None:
+        """Stop the workers, if any (idempotent)."""
+
+    def defer_delivery(self) -> None:
+        """A stage after this iterator prefetches: a batch counts as delivered only at
+        `commit_delivery()`, when that stage hands it to the training loop."""
+        self._deferred = self._epoch_position.deferred = True
+
+    def commit_delivery(self, everything: bool = False) -> None:
+        """The stage after this iterator handed out one more batch (or all, at its end)."""
+        self._epoch_position.commit(everything)
 
     def _seed_datapipe(self, spec: EpochSpec) -> int | None:
         """A new shared seed for a datapipe graph (broadcast from rank 0), applied here; workers
@@ -200,34 +247,35 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         persistent = self._num_workers > 0 and spec.persistent_workers
         restore = None
         if resume is not None and not resume.finished:
-            self._seed, self._seed_epoch = resume.base_seed, resume.epoch
+            self._seed, self._seed_epoch = resume.base_seed, resume.seed_epoch
             self._sampler_iter = None if self._iterable else self._cursor.restore(
                 resume.sampler_state, resume.sampler_skip)
-            restore = resume.stream_dicts()
+            restore = resume.restores()
         else:
             if resume is not None:  # saved at the end of its epoch
                 if not self._iterable:
                     self._cursor.run_out(resume.sampler_state, resume.sampler_skip)
                 if persistent or self._num_workers == 0:
-                    restore = resume.stream_dicts(new_epoch=True, set_epoch=spec.epoch)
+                    restore = resume.restores(new_epoch=True, set_epoch=spec.loader_epoch)
                 if self._num_workers == 0:  # this process's dataset, before the seed is drawn
                     _restore_dataset_first(spec.dataset, restore)
             self._sampler_iter = None if self._iterable else iter(self._index_sampler)
             if resume is not None and persistent:
-                self._seed, self._seed_epoch = resume.base_seed, resume.epoch + 1
+                self._seed, self._seed_epoch = resume.base_seed, resume.seed_epoch + 1
             elif first or resume is not None:
                 self._seed, self._seed_epoch = _base_seed(spec), 0
             else:
                 self._seed_epoch += 1
-        self._progress = Progress.starting(
+        position = EpochPosition.starting(
             iterable=self._iterable, num_workers=spec.num_workers, base_seed=self._seed,
-            epoch=self._seed_epoch, snapshot_every=spec.snapshot_every,
+            seed_epoch=self._seed_epoch, snapshot_every=spec.snapshot_every,
             resume=None if resume is None or resume.finished else resume, restore=restore)
-        self._progress.deferred = getattr(self, "_deferred", False)
-        self._position = self._progress.delivered_prefix  # the next task's place in the epoch
+        position.deferred = self._deferred
+        position.prepare = weakref.WeakMethod(self._prepare_state)
+        self._epoch_position = position
+        self._next_place = position.delivered_prefix  # the next task's place in the epoch
         self._peeked: tuple[int, Any] | None = None
-        self._progress.prepare = weakref.WeakMethod(self._prepare_state)
-        spec.publish(self._progress)
+        spec.publish(position)
         return resume
 
     def _sample_epoch(self) -> int:
@@ -236,14 +284,14 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 
     def _prepare_state(self) -> None:
         """Before a state is taken: start the sampler's pass (see `_prime_sampler`)."""
-        if not self._iterable and self._progress.sampler_snapshot == (0, None):
+        if not self._iterable and self._epoch_position.sampler_snapshot == (0, None):
             self._prime_sampler()
 
     def _prime_sampler(self) -> None:
         """Asked for a state before the first task: draw the first indices now, so that the
         sampler's pass has started and its state (a shuffle's seed) can be saved. Harmless to the
         order: the base seed is already drawn, as it would be before the first batch."""
-        if self._peeked is None and self._position == 0 and self._sampler_iter is not None:
+        if self._peeked is None and self._next_place == 0 and self._sampler_iter is not None:
             try:
                 self._peeked = self._next_payload()
             except StopIteration:
@@ -255,14 +303,15 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         if self._peeked is not None:
             peeked, self._peeked = self._peeked, None
             return peeked
+        epoch = self._epoch_position
         while True:
-            position = self._position
-            self._progress.dispatching(position, self._cursor, self._sampler_iter)
+            place = self._next_place
+            epoch.dispatching(place, self._cursor, self._sampler_iter)
             payload = next(self._sampler_iter)
-            self._progress.dispatched(position, self._cursor, self._sampler_iter)
-            self._position += 1
-            if position not in self._progress.delivered_ahead:
-                return position, payload
+            epoch.dispatched(place, self._cursor, self._sampler_iter)
+            self._next_place += 1
+            if place not in epoch.delivered_ahead:
+                return place, payload
 
     def __len__(self) -> int:
         # torch's answer: never len(loader), whose call on an iterable dataset arms the warning
@@ -313,8 +362,12 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
         self._stats.epoch_done()
 
 
-def _worker_config(spec: EpochSpec, iterable: bool, seed: int, *,
-                   worker_init_fn: Callable | None, start_method: str) -> WorkerConfig:
+def worker_config(spec: EpochSpec, iterable: bool, seed: int, *,
+                  worker_init_fn: Callable | None, start_method: str,
+                  restores: dict[int, Restore] | None, generation: int = 0,
+                  shared_seed: int | None = None) -> WorkerConfig:
+    """The workers' configuration for one start (the in-process maker's too: start_method
+    "none"), built once."""
     elastic = spec.elastic if spec.per_sample_seed else None
     return WorkerConfig(dataset=spec.dataset, iterable=iterable,
                         auto_collation=spec.auto_collation, batch_size=spec.batch_size,
@@ -323,7 +376,13 @@ def _worker_config(spec: EpochSpec, iterable: bool, seed: int, *,
                         base_seed=seed, on_error=spec.on_error, start_method=start_method,
                         per_sample_seed=spec.per_sample_seed,
                         sample_base=None if elastic is None else elastic.seed,
-                        snapshot_every=spec.snapshot_every)
+                        snapshot_every=spec.snapshot_every, restores=restores,
+                        generation=generation, shared_seed=shared_seed,
+                        # in process, a batch already built in memory (a custom collate's, a
+                        # `__getitems__` batch's stacks) needs no slot unless the pool is pinned
+                        # for a device copy; the ragged helpers write into a slot themselves
+                        pass_collated=start_method == "none" and not spec.pinned
+                        and not spec.ragged)
 
 
 class InProcessIter(_IterBase):
@@ -337,18 +396,14 @@ class InProcessIter(_IterBase):
             pool.release(old)
             return pool.acquire(nbytes)
 
-        cfg = _worker_config(spec, self._iterable, self._seed, worker_init_fn=None,
-                             start_method="none")
-        # In-process, a batch already built in memory (a custom collate's, a `__getitems__`
-        # batch's stacks) needs no slot unless the pool is pinned for a device copy: it is
-        # handed out as it is (DataLoader's cost, not a copy more; `BatchMaker.slotless`).
-        cfg.pass_collated = not spec.pinned
+        cfg = worker_config(spec, self._iterable, self._seed, worker_init_fn=None,
+                            start_method="none", restores=None)
         if isinstance(spec.dataset, (IterDataPipe, MapDataPipe)):  # shard by rank, as DataLoader
             world_size, rank = torch_dataloader._get_distributed_settings()
             apply_sharding(spec.dataset, world_size, rank)
         self._maker = BatchMaker(cfg, ArenaMap(), request_slot)
-        self._maker.reset_iterator(self._progress.resume_stream(0))
-        self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
+        self._maker.reset_iterator(self._epoch_position.resume_stream(0))
+        self._epoch_position.stream_started(0, self._maker.snapshot(), self._maker.items)
         self._task = 0
 
     def _prepare_state(self) -> None:
@@ -356,8 +411,8 @@ class InProcessIter(_IterBase):
         dataset's state again: priming the sampler may have drawn from torch's RNG (a shuffle's
         seed), which the dataset, in this process, draws from after it."""
         super()._prepare_state()
-        if self._task == 0 and self._progress.num_yielded == 0:
-            self._progress.stream_started(0, self._maker.snapshot(), self._maker.items)
+        if self._task == 0 and self._epoch_position.num_yielded == 0:
+            self._epoch_position.stream_started(0, self._maker.snapshot(), self._maker.items)
 
     def _release(self, ref: SlotRef | None) -> None:
         if ref is not None:
@@ -376,7 +431,7 @@ class InProcessIter(_IterBase):
             try:
                 position, payload = self._next_payload()
             except StopIteration:
-                self._progress.finish()
+                self._epoch_position.finish()
                 self._epoch_done()
                 raise
         ref = None if self._maker.slotless else self._pool.acquire()
@@ -395,17 +450,17 @@ class InProcessIter(_IterBase):
         self._task += 1
         if result is None:
             self._release(ref)
-            self._progress.delivered_end(0, self._maker.end_position())
-            self._progress.finish()
+            self._epoch_position.delivered_end(0, self._maker.end_position())
+            self._epoch_position.finish()
             self._epoch_done()
             raise StopIteration
         self._stats.record_batch(0, self._maker.stages, result.num_samples,
                                  time.perf_counter() - built, self._maker.spans, track=0)
         batch = self._build(result) if type(result) is not Collated else self._count(result)
         if self._iterable:
-            self._progress.delivered_batch(0, self._maker.position)
+            self._epoch_position.delivered_batch(0, self._maker.position)
         else:
-            self._progress.delivered_task(position, 0, self._maker.position)
+            self._epoch_position.delivered_task(position, 0, self._maker.position)
         self._mark_wait(started)
         self._check_length()
         return batch

@@ -10,6 +10,13 @@ Main process -> worker (sent by `worker_iter.WorkerIter`, answered by `worker.wo
     Reset      a new epoch on persistent workers: restart an iterable dataset's iterator
     SetEpoch   forward `set_epoch` (and the dataset's per-epoch payload) to the worker's copy
     None       stop: the worker returns
+    Restore    where a worker's stream starts after a load: handed over with its start
+               (`worker.WorkerConfig.restores`), read by `worker.BatchMaker.reset_iterator`
+
+Two counters travel, each named for what it counts: `generation` (the epochs run by these
+workers: 0 at their start, one more at each Reset; answers of an abandoned one are dropped) and
+`seed_epoch` (the epoch per-sample seeds are drawn for, kept across a resume). The user's
+`set_epoch()` value travels as `SetEpoch.loader_epoch`.
 
 Worker -> main process (sent by `worker.worker_loop`, handled by `worker_iter.WorkerIter._handle`):
     Done          the batch is in its slot (exactly one of Done, End or Failed answers a Task)
@@ -72,7 +79,7 @@ class Task:
     the slot `ref`. Task ids grow across epochs and are never reused."""
 
     task_id: int
-    epoch: int  # the iterator's epoch counter: answers from an abandoned epoch are dropped
+    generation: int  # the workers' epoch it belongs to: answers of an abandoned one are dropped
     payload: Any
     ref: SlotRef
     seed_epoch: int = 0  # the epoch per-sample seeds are drawn for (kept across a resume)
@@ -100,18 +107,34 @@ class Reset:
     """A new epoch on persistent workers: start the iterable dataset's iterator afresh, and
     answer with `Started`."""
 
-    epoch: int  # the iterator's epoch counter, echoed by Started
+    generation: int  # the workers' new epoch, echoed by Started
     shared_seed: int | None = None  # the new epoch's seed for a datapipe graph (DataLoader's)
 
 
 @dataclass(**_MESSAGE)
 class SetEpoch:
-    """Call `dataset.set_epoch(epoch)` on the worker's copy of the dataset (unless None), then
-    `dataset.pooled_load_epoch(payload)` with what the main process's copy gave for the epoch
-    (`pooled_epoch()`, e.g. a mix's weights in force), when it has that hook."""
+    """Call `dataset.set_epoch(loader_epoch)` on the worker's copy of the dataset (unless None),
+    then `pooled_load_epoch(payload)` with what the main process's copy gave for the epoch
+    (`pooled_epoch()`, e.g. a mix's weights in force; `core.hooks`)."""
 
-    epoch: int | None
+    loader_epoch: int | None  # the loader's set_epoch() value
     payload: Any = None
+
+
+@dataclass(**_MESSAGE)
+class Restore:
+    """Where one worker's epoch starts after `load_state_dict` (`position.Resume.restores`):
+    its dataset's and its iterator's saved states, then the `skip` items its delivered batches
+    consumed after them, read again and dropped. With `new_epoch` (a state saved at an epoch's
+    end) the states are loaded and the next epoch starts, its dataset told `set_epoch(set_epoch)`
+    first (unless None), as a persistent worker is."""
+
+    dataset_state: Any  # None: nothing to load
+    iter_state: Any
+    items: int  # items this worker's delivered batches consumed, this epoch
+    skip: int  # of those, the ones after the saved states
+    new_epoch: bool = False
+    set_epoch: int | None = None
 
 
 # -- worker -> main process -----------------------------------------------------------------------
@@ -130,7 +153,7 @@ class Done:
     """Task `task_id` is built; its batch lies in `batch.ref`."""
 
     task_id: int
-    epoch: int
+    generation: int
     batch: BatchLayout
     skipped: list[tuple[Any, str]]  # (index, reason) of samples replaced under on_error="skip"
     busy_s: float  # seconds the worker spent on it
@@ -142,11 +165,11 @@ class Done:
 
 @dataclass(**_MESSAGE)
 class Started:
-    """Worker `worker_id` has started epoch `epoch` (its first start, or a Reset): its dataset's
-    (and stream's) state at that point, after any resume was applied, and the items consumed."""
+    """Worker `worker_id` has started its epoch `generation` (its first start, or a Reset): its
+    dataset's (and stream's) state at that point, after any restore, and the items consumed."""
 
     worker_id: int
-    epoch: int
+    generation: int
     snapshot: tuple[Any, Any] | None  # (dataset state, iterator state); None: no state at all
     items: int
 
@@ -158,7 +181,7 @@ class End:
     its passes there), whatever `snapshot_every_n_steps` is."""
 
     task_id: int
-    epoch: int
+    generation: int
     ref: SlotRef
     position: StreamPosition | None = None
 
@@ -168,7 +191,7 @@ class Failed:
     """Building task `task_id` raised; slot `ref` is unused."""
 
     task_id: int
-    epoch: int
+    generation: int
     error: ErrorInfo
     ref: SlotRef
     skipped: list[tuple[Any, str]]

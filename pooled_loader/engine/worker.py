@@ -13,9 +13,9 @@ import random
 import signal
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -25,11 +25,13 @@ from torch.utils.data.graph_settings import apply_random_seed
 
 from ..core.constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from ..core.deferred import FillFailed, accepted
+from ..core.hooks import hooks_of
+from ..core.seeds import sample_seed, seed_globals
+from ..core.stateful import follows_stateful
 from .interrupts import ignore_sigint_in_worker
 from .layout import Leaf
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
-                       SetEpoch, Slot, Started, StreamPosition, Task)
-from ..resume.state import has_state, sample_seed, seed_globals
+                       Restore, SetEpoch, Slot, Started, StreamPosition, Task)
 from .pool import ArenaMap, SlotRef
 from .slot_collate import Collated, SlotCollate
 from ..observability.stages import CLOCK, perf_counter_ns
@@ -37,9 +39,11 @@ from ..observability.stages import CLOCK, perf_counter_ns
 MAX_REPLACEMENTS = 16
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
-    """Everything a worker needs; pickled once per worker under spawn/forkserver."""
+    """Everything a worker needs, built once per start of the workers (`iterators.worker_config`;
+    one per worker where `close_in_child` differs); pickled once per worker under
+    spawn/forkserver."""
 
     dataset: Any
     iterable: bool
@@ -57,12 +61,12 @@ class WorkerConfig:
     sample_base: int | None = None  # per_sample_seed's base instead of base_seed (distributed)
     snapshot_every: int = 0  # iterable: send the dataset's state every n own batches (0: never)
     # where each worker's stream (iterable) or its dataset's state (map-style) resumes
-    resume_streams: dict[int, dict] | None = None
-    epoch: int = 0  # the iterator's epoch counter when the workers start (echoed by Started)
-    close_in_child: list[int] = field(default_factory=list)
+    restores: Mapping[int, Restore] | None = None
+    generation: int = 0  # the workers' epoch count when they start (echoed by Started)
+    close_in_child: tuple[int, ...] = ()  # fds a forked worker closes: the others' pipe ends
     shared_seed: int | None = None  # a datapipe graph's seed, the same in every worker
-    # in-process, nothing pinned: a custom collate's output, and a `__getitems__` batch's
-    # stacked columns, handed out as they are (`BatchMaker.slotless`)
+    # in-process, nothing pinned, no ragged helper: a custom collate's output, and a
+    # `__getitems__` batch's stacked columns, handed out as they are (`BatchMaker.slotless`)
     pass_collated: bool = False
 
 
@@ -88,10 +92,9 @@ class BatchMaker(SlotCollate):
         getitems = getattr(cfg.dataset, "__getitems__", None)
         self.getitems = (getitems if not cfg.iterable and cfg.auto_collation and getitems
                          and not self.use_into and not cfg.per_sample_seed else None)
-        self.stateful = has_state(cfg.dataset)
+        self.stateful = follows_stateful(cfg.dataset)
+        self.hooks = hooks_of(cfg.dataset)
         self.ragged = cfg.ragged
-        if self.ragged:  # they write straight into a slot, in-process too
-            cfg.pass_collated = False
         # In-process with nothing pinned, batches whose every path ends in `Collated` need no slot:
         # a custom collate's, and default collate's of `__getitems__` samples (already in memory,
         # so a slot would add a copy nothing reads; DataLoader makes one copy, so do we).
@@ -113,36 +116,35 @@ class BatchMaker(SlotCollate):
         self.ended = False  # iterable: this epoch's iterator raised StopIteration
 
     # -- fetching samples ------------------------------------------------------------------------
-    def reset_iterator(self, stream: dict | None = None) -> None:
-        """Start this worker's epoch: afresh, or where `stream` (a saved `resume.WorkerStream`)
-        says. StatefulDataLoader's order: the dataset's state, then iter(), then the iterator's
-        state (a dataset that is its own iterator gets its state after iter(), which would reset
-        it), then the items consumed after that state are skipped. A stream marked `new_epoch`
-        (a state saved at an epoch's end) restores the states, then starts the next epoch."""
+    def reset_iterator(self, restore: Restore | None = None) -> None:
+        """Start this worker's epoch: afresh, or where `restore` says. StatefulDataLoader's
+        order: the dataset's state, then iter(), then the iterator's state (a dataset that is its
+        own iterator gets its state after iter(), which would reset it), then the items consumed
+        after that state are skipped. A `new_epoch` restore (a state saved at an epoch's end)
+        loads the states, then starts the next epoch."""
         self.items = self.batches = 0
         self.ended = False
         dataset = self.cfg.dataset
-        if stream is not None and stream["dataset_state"] is not None and self.stateful:
-            dataset.load_state_dict(stream["dataset_state"])
+        if restore is not None and restore.dataset_state is not None and self.stateful:
+            dataset.load_state_dict(restore.dataset_state)
         setter = getattr(dataset, "set_epoch", None)
-        if stream is not None and stream.get("set_epoch") is not None and callable(setter):
+        if restore is not None and restore.set_epoch is not None and callable(setter):
             # the next epoch: the loader's set_epoch reached this dataset before it started in
             # the run that saved the state, and its state (a WebDataset's) may set another epoch
-            setter(stream["set_epoch"])
+            setter(restore.set_epoch)
         if not self.cfg.iterable:
             self.iterator = None
             return
         self.iterator = iter(dataset)
-        if stream is None:
+        if restore is None:
             return
-        iter_state = stream["fetcher_state"]["dataset_iter_state"]
-        if iter_state is not None and has_state(self.iterator):
-            self.iterator.load_state_dict(iter_state)
-        if stream.get("new_epoch"):
+        if restore.iter_state is not None and follows_stateful(self.iterator):
+            self.iterator.load_state_dict(restore.iter_state)
+        if restore.new_epoch:
             self.iterator = iter(dataset)
             return
-        self.items = stream["items"] - stream["items_since_snapshot"]
-        for _ in range(stream["items_since_snapshot"]):
+        self.items = restore.items - restore.skip
+        for _ in range(restore.skip):
             if self._next_item() is None:
                 break
 
@@ -168,7 +170,7 @@ class BatchMaker(SlotCollate):
         if it is dataset:
             return (None, dataset.state_dict()) if self.stateful else None
         ds_state = dataset.state_dict() if self.stateful else None
-        it_state = it.state_dict() if it is not None and has_state(it) else None
+        it_state = it.state_dict() if it is not None and follows_stateful(it) else None
         if ds_state is None and it_state is None:
             return None
         return ds_state, it_state
@@ -295,9 +297,7 @@ class BatchMaker(SlotCollate):
         self.seed_epoch = seed_epoch
         if self.cfg.iterable:
             samples = self._samples(payload)
-            pop_skips = getattr(self.cfg.dataset, "pop_skips", None)
-            if callable(pop_skips):  # an iterable dataset that skips by itself reports them
-                self.skipped.extend(pop_skips())
+            self.skipped.extend(self.hooks.pop_skips())  # a dataset that skips by itself
             if samples is None:
                 return None
             self.batches += 1
@@ -425,18 +425,19 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
     try:
         batch = maker.make(task.task_id, task.payload, task.ref, task.seed_epoch, task.trace)
     except Exception as exc:  # noqa: BLE001 - reported to the main process
-        return Failed(task_id=task.task_id, epoch=task.epoch,
+        return Failed(task_id=task.task_id, generation=task.generation,
                       error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
                       skipped=maker.skipped)
     if batch is None:
-        return End(task_id=task.task_id, epoch=task.epoch, ref=task.ref,
+        return End(task_id=task.task_id, generation=task.generation, ref=task.ref,
                    position=maker.end_position())
-    return Done(task_id=task.task_id, epoch=task.epoch, batch=batch, skipped=maker.skipped,
+    return Done(task_id=task.task_id, generation=task.generation, batch=batch,
+                skipped=maker.skipped,
                 busy_s=(perf_counter_ns() - start) * 1e-9, position=maker.position,
                 stages=maker.stages, spans=maker.spans)
 
 
-def _started(maker: BatchMaker, worker_id: int, epoch: int, start_error: Any) -> Started:
+def _started(maker: BatchMaker, worker_id: int, generation: int, start_error: Any) -> Started:
     """Where this worker's epoch starts; no state when its start failed (the error answers its
     tasks) or when its state cannot be read (raised again where it matters: at its batches)."""
     snapshot = None
@@ -445,7 +446,8 @@ def _started(maker: BatchMaker, worker_id: int, epoch: int, start_error: Any) ->
             snapshot = maker.snapshot()
         except Exception:  # noqa: BLE001 - see above
             snapshot = None
-    return Started(worker_id=worker_id, epoch=epoch, snapshot=snapshot, items=maker.items)
+    return Started(worker_id=worker_id, generation=generation, snapshot=snapshot,
+                   items=maker.items)
 
 
 def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> None:
@@ -493,10 +495,10 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(worker_id)
         initialised = True
-        maker.reset_iterator((cfg.resume_streams or {}).get(worker_id))
+        maker.reset_iterator((cfg.restores or {}).get(worker_id))
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         start_error = error_message(worker_id, exc, None)
-    conn.send(_started(maker, worker_id, cfg.epoch, start_error))
+    conn.send(_started(maker, worker_id, cfg.generation, start_error))
     try:
         while True:
             msg = receive()
@@ -504,7 +506,8 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 break
             if type(msg) is Task:
                 if start_error is not None:
-                    conn.send(Failed(task_id=msg.task_id, epoch=msg.epoch, error=start_error,
+                    conn.send(Failed(task_id=msg.task_id, generation=msg.generation,
+                                     error=start_error,
                                      ref=msg.ref, skipped=[]))
                 else:
                     conn.send(_answer(maker, worker_id, msg))
@@ -516,14 +519,13 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                         start_error = None
                     except Exception as exc:  # noqa: BLE001 - reported to the main process
                         start_error = error_message(worker_id, exc, None)
-                conn.send(_started(maker, worker_id, msg.epoch, start_error))
+                conn.send(_started(maker, worker_id, msg.generation, start_error))
             elif type(msg) is SetEpoch:
                 setter = getattr(cfg.dataset, "set_epoch", None)
-                if callable(setter) and msg.epoch is not None:
-                    setter(msg.epoch)
-                loader = getattr(cfg.dataset, "pooled_load_epoch", None)
-                if callable(loader) and msg.payload is not None:
-                    loader(msg.payload)
+                if callable(setter) and msg.loader_epoch is not None:
+                    setter(msg.loader_epoch)
+                if msg.payload is not None:
+                    maker.hooks.pooled_load_epoch(msg.payload)
             elif type(msg) is Forget:
                 maker.arenas.forget(msg.owner_pid, msg.arena_id)
     except (EOFError, OSError, KeyboardInterrupt):

@@ -9,6 +9,7 @@ iterator: ``iterators._IterBase``.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import itertools
@@ -27,7 +28,8 @@ from torch.utils.data import dataloader as torch_dataloader
 from .epoch import EpochSpec
 from ..core.errors import PoolAllocationError, WorkerError
 from .interrupts import signals_held_for_start
-from .iterators import _IterBase, _worker_config
+from .iterators import _IterBase, worker_config
+from ..core.hooks import hooks_of
 from .messages import Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Started, Task
 from .pool import SlotRef
 from .processes import (describe_exit, is_alive, join, timeout_message, _check_fd_headroom,
@@ -56,34 +58,34 @@ class WorkerIter(_IterBase):
         self._in_order = spec.in_order
         self._persistent = spec.persistent_workers
         self._ctx = spec.multiprocessing_context or multiprocessing.get_context()
-        worker_init_fn = spec.worker_init_fn
+        self._worker_init_fn = spec.worker_init_fn
         if isinstance(spec.dataset, (IterDataPipe, MapDataPipe)):
             # DataLoader's own wrapper: shard the graph by rank and worker, then the user's init
             world_size, rank = torch_dataloader._get_distributed_settings()
-            worker_init_fn = functools.partial(torch_dataloader._sharding_worker_init_fn,
-                                               worker_init_fn, world_size, rank)
-        self._cfg = _worker_config(spec, self._iterable, self._seed,
-                                   worker_init_fn=worker_init_fn,
-                                   start_method=self._ctx.get_start_method())
-        self._cfg.shared_seed = self._shared_seed
-        self._epoch = 0
+            self._worker_init_fn = functools.partial(torch_dataloader._sharding_worker_init_fn,
+                                                     spec.worker_init_fn, world_size, rank)
+        self._generation = 0  # the epochs these workers have run (`messages`)
         self._stopped = False
         self._owner_pid = os.getpid()
-        self._start_workers()
+        self._start_workers(spec)
 
     # -- workers -----------------------------------------------------------------------------
-    def _start_workers(self) -> None:
-        self._cfg.resume_streams = self._progress.restore
-        self._cfg.epoch = self._epoch
+    def _start_workers(self, spec: EpochSpec) -> None:
+        cfg = worker_config(spec, self._iterable, self._seed,
+                            worker_init_fn=self._worker_init_fn,
+                            start_method=self._ctx.get_start_method(),
+                            restores=self._epoch_position.restore, generation=self._generation,
+                            shared_seed=self._shared_seed)
         _check_fd_headroom(self._num_workers)
         lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
-        self._cfg.close_in_child = [lifeline_w.fileno()]
+        close_in_child = [lifeline_w.fileno()]  # a forked worker's copies of the others' ends
         workers = []
         try:
             for wid in range(self._num_workers):
                 parent, child = self._ctx.Pipe(duplex=True)
-                self._cfg.close_in_child.append(parent.fileno())
-                proc = self._ctx.Process(target=worker_loop, args=(self._cfg, wid, child,
+                close_in_child.append(parent.fileno())
+                mine = dataclasses.replace(cfg, close_in_child=tuple(close_in_child))
+                proc = self._ctx.Process(target=worker_loop, args=(mine, wid, child,
                                                                    lifeline_r), daemon=True)
                 workers.append(_Worker(wid, proc, parent))  # before start: a Ctrl-C stops it
                 try:
@@ -93,7 +95,7 @@ class WorkerIter(_IterBase):
                     warnings.warn(PICKLE_WARNING, stacklevel=4)
                     raise
                 child.close()
-                self._cfg.close_in_child.remove(parent.fileno())
+                close_in_child.remove(parent.fileno())
         except BaseException as exc:
             _shutdown(workers, lifeline_w, os.getpid())
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
@@ -121,11 +123,11 @@ class WorkerIter(_IterBase):
         self._sampler_done = False
         # A resumed iterable epoch keeps its interleaving: the worker after the one that
         # delivered last goes first, and workers whose stream had ended stay idle.
-        first = (self._progress.last_worker + 1) % len(self._worker_states)
+        first = (self._epoch_position.last_worker + 1) % len(self._worker_states)
         order = self._worker_states[first:] + self._worker_states[:first]
         self._cycle = itertools.cycle(order)
         for w in self._worker_states:
-            w.active = not self._progress.stream_ended(w.id)
+            w.active = not self._epoch_position.stream_ended(w.id)
             w.outstanding = 0
 
     def _stop(self) -> None:
@@ -169,31 +171,29 @@ class WorkerIter(_IterBase):
 
     def _reset_workers(self, spec: EpochSpec) -> None:
         self._reset_length_check(spec)
-        self._shared_seed = self._cfg.shared_seed = self._seed_datapipe(spec)
+        self._shared_seed = self._seed_datapipe(spec)
         seed_before = self._seed
         resume = self._begin_epoch(spec, first=False)
         # Workers seeded from another base seed would not give the saved epoch's randomness, and
         # a loaded state, as in StatefulDataLoader, starts fresh workers (fresh copies of the
         # dataset, RNGs seeded anew) that restore it.
-        self._cfg.base_seed = self._seed
         if (self._broken or any(not is_alive(p) for p in self._workers)
                 or self._seed != seed_before or resume is not None):
             self._stop()
-            self._start_workers()
+            self._start_workers(spec)
             return
-        self._epoch += 1
+        self._generation += 1
         self._stale.update(self._tasks)  # results of these are dropped when they arrive
         self._release_ready()
         self._reset_epoch_state()
         # what the main process's dataset changed between epochs (a mix's set_weights) reaches
         # the persistent workers' copies with the epoch
-        payload = getattr(spec.dataset, "pooled_epoch", None)
-        payload = payload() if callable(payload) else None
-        epoch = spec.epoch if hasattr(spec.dataset, "set_epoch") else None
+        payload = hooks_of(spec.dataset).pooled_epoch()
+        loader_epoch = spec.loader_epoch if hasattr(spec.dataset, "set_epoch") else None
         for w in self._worker_states:
-            if epoch is not None or payload is not None:
-                w.conn.send(SetEpoch(epoch=epoch, payload=payload))
-            w.conn.send(Reset(epoch=self._epoch, shared_seed=self._shared_seed))
+            if loader_epoch is not None or payload is not None:
+                w.conn.send(SetEpoch(loader_epoch=loader_epoch, payload=payload))
+            w.conn.send(Reset(generation=self._generation, shared_seed=self._shared_seed))
 
     def _prepare_state(self) -> None:
         """Before a state is taken: also wait for the start state of every worker that has not
@@ -209,20 +209,21 @@ class WorkerIter(_IterBase):
                 raise
 
     def _unstarted(self) -> list[int]:
-        return [w.id for w in self._worker_states if w.id not in self._progress.started_workers]
+        return [w.id for w in self._worker_states
+                if w.id not in self._epoch_position.started_workers]
 
     def _settle(self) -> None:
         """Dropped mid-epoch (a `for` loop's `break`): the loader's `state_dict()` can no longer
         ask this iterator, so collect the start states it would have waited for now (bounded:
         `timeout`, else SETTLE_S); workers still missing are named when a state is taken."""
-        if self._stopped or self._broken or self._progress.finished:
+        if self._stopped or self._broken or self._epoch_position.finished:
             return
         deadline = time.monotonic() + (self._timeout if self._timeout > 0 else SETTLE_S)
         try:
             while not (self._stopped or self._broken) and self._unstarted():
                 self._receive(deadline)
         finally:
-            self._progress.unsettled = self._unstarted()
+            self._epoch_position.unsettled = self._unstarted()
 
     # -- dispatch and receive --------------------------------------------------------------------
     def _try_dispatch(self) -> None:
@@ -255,7 +256,8 @@ class WorkerIter(_IterBase):
             worker.outstanding += 1
             self._task_info[task_id] = (position, worker.id)
             try:
-                worker.conn.send(Task(task_id=task_id, epoch=self._epoch, payload=payload,
+                worker.conn.send(Task(task_id=task_id, generation=self._generation,
+                                      payload=payload,
                                       ref=ref, seed_epoch=self._sample_epoch(),
                                       trace=self._stats.tracing))
             except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
@@ -263,8 +265,8 @@ class WorkerIter(_IterBase):
 
     def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | Started) -> None:
         if type(msg) is Started:
-            if msg.epoch == self._epoch:  # not an abandoned epoch's
-                self._progress.stream_started(msg.worker_id, msg.snapshot, msg.items)
+            if msg.generation == self._generation:  # not an abandoned epoch's
+                self._epoch_position.stream_started(msg.worker_id, msg.snapshot, msg.items)
             return
         if type(msg) is NeedSlot:
             self._pool.release(msg.old)
@@ -275,7 +277,7 @@ class WorkerIter(_IterBase):
                 self._stale[msg.task_id] = (worker, ref)
             worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
             return
-        if msg.epoch != self._epoch or msg.task_id not in self._tasks:  # an abandoned epoch's
+        if msg.generation != self._generation or msg.task_id not in self._tasks:  # abandoned
             self._stale.pop(msg.task_id, None)
             self._pool.release(msg.batch.ref if type(msg) is Done else msg.ref)
             return
@@ -341,21 +343,21 @@ class WorkerIter(_IterBase):
             if answer is not None:
                 position, worker_id = self._task_info.pop(answer.task_id)
                 if type(answer) is End:
-                    self._progress.delivered_end(worker_id, answer.position)
+                    self._epoch_position.delivered_end(worker_id, answer.position)
                     continue
                 if type(answer) is Failed:
                     _reraise(answer.error)
                 batch = self._build(answer.batch)
                 if self._iterable:
-                    self._progress.delivered_batch(worker_id, answer.position)
+                    self._epoch_position.delivered_batch(worker_id, answer.position)
                 else:
-                    self._progress.delivered_task(position, worker_id, answer.position)
+                    self._epoch_position.delivered_task(position, worker_id, answer.position)
                 self._mark_wait(started)
                 self._check_length()
                 return batch
             if not self._tasks and (self._sampler_done or not any(
                     w.active for w in self._worker_states)):
-                self._progress.finish()
+                self._epoch_position.finish()
                 self._epoch_done()
                 if not self._persistent:
                     self._stop()

@@ -1,13 +1,17 @@
-"""Checkpoint state of a loader: the state and its cursor (state), the resumable sampler (sampler),
-resume on another world size (elastic), state keys (keys), StatefulDataLoader checkpoints
-(sdl_compat), accelerate's corrected counts (yielded) and HF datasets that replay a state
-(replay_watch).
+"""A loader's checkpoint format: the state built from an epoch's position and read back
+(state), its key names (keys), StatefulDataLoader checkpoints (sdl_compat), accelerate's corrected
+counts (yielded), resume on another world size (elastic: merges the states of shards/ and mix/
+too, hence above them) and HF datasets that replay a state (replay_watch). Where an epoch stands
+is the machinery's (`engine.position`); the default shuffled sampler is `engine.sampler`'s.
 
-Imports core/, observability/, shards/ and mix/ (their states, to merge them).
+Imports core/, observability/, engine/, shards/ and mix/.
 
-``pooled_loader.resume`` is a public import path: it re-exports ``pooled_loader.resume.state``
-(the module it was before the regroup)."""
+``pooled_loader.resume`` is a public import path (the module it was before the regroup):
+``merge_rank_states`` and ``ResumableRandomSampler``; ``StateMismatch`` as before."""
 from __future__ import annotations
 
-from .state import (has_state, SamplerCursor, WorkerStream, Progress, Resume, Limits, parse,
-                    merge_rank_states, ResumableRandomSampler, sample_seed, seed_globals)  # noqa: F401
+from ..core.errors import StateMismatch
+from ..engine.sampler import ResumableRandomSampler
+from .elastic import merge_rank_states
+
+__all__ = ["merge_rank_states", "ResumableRandomSampler", "StateMismatch"]

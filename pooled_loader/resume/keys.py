@@ -21,7 +21,16 @@ DATASET_STATE = "dataset_state"
 FETCHER_STATE = "fetcher_state"
 DATASET_ITER_STATE = "dataset_iter_state"
 FETCHER_ENDED = "fetcher_ended"
-POOLED = "_pooled"  # ours
+POOLED = "_pooled"  # ours; its keys:
+FORMAT_KEY = "format"  # FORMAT
+STARTED = "started"  # False: saved by an older version before any iter()
+SEED_EPOCH = "epoch"  # the epoch per-sample seeds are drawn for (the iterator's own count)
+LOADER_EPOCH = "loader_epoch"  # the loader's last set_epoch() (None: never called)
+SAMPLER_EPOCH = "sampler_epoch"  # the own epoch of the sampler that picks the order
+SAMPLER_SNAPSHOT_STEP = "sampler_snapshot_step"  # where the saved sampler state was taken
+DELIVERED_AHEAD = "delivered_ahead"  # positions delivered past the prefix (in_order=False)
+RNG_CHECK = "rng_check"  # `seeds.rng_fingerprint` of the base seeds' RNG when saved
+ELASTIC = "elastic"  # an ElasticDistributedSampler's epoch, seed, shuffle and plan
 # StatefulDataLoader's keys that ours carries for tools but does not read back
 NUM_YIELDED = "_num_yielded"
 SAMPLER_ITER_STATE = "_sampler_iter_state"

@@ -48,7 +48,7 @@ import torch
 from torch.utils.data import BatchSampler
 
 from ..core.errors import StateMismatch
-from .sampler import ResumableRandomSampler, encode_generator
+from ..engine.sampler import ResumableRandomSampler, encode_generator
 from .keys import (BASE_SEED, DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED,
                          FETCHER_STATE, FORMAT, INDEX_SAMPLER_STATE, ITERATOR_FINISHED,
                          LAST_YIELDED_WORKER_ID, MAIN_SNAPSHOT, NUM_WORKERS, NUM_YIELDED, POOLED,

@@ -3,7 +3,8 @@
 ``PooledLoader(shuffle=True)`` uses ``ResumableRandomSampler``, which gives the very same order
 as torch's ``RandomSampler`` for the same seed or generator, and whose current pass can be saved
 (``state_dict()``: where the pass started and how many indices it gave) and replayed without
-loading anything. pooled_loader.resume snapshots it in the main process.
+loading anything. The main process snapshots it (`position.SamplerCursor`); it lives beside
+the machinery that advances the epoch, and `pooled_loader.resume` re-exports it (its public path).
 """
 from __future__ import annotations
 
