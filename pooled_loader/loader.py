@@ -30,15 +30,12 @@ from .engine.pool import SlotPool
 from .engine.position import EpochPosition, Resume, WorkerStream, epoch_sampler
 from .engine.sampler import ResumableRandomSampler
 from .engine.worker_iter import WorkerIter
-from .integrations import maybe_patch_accelerate
 from .observability.stats import LoaderStats, report_text
 from .observability.trace import DEFAULT_TRACE_BATCHES, TraceRecorder
 from .ragged.collate import RaggedCollate
 from .resume.keys import ELASTIC, LOADER_EPOCH, POOLED
 from .resume.state import Limits, build_state, check_sampler_state, parse
 from .resume.yielded import honour_adjustment
-
-maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 
 T_co = TypeVar("T_co", covariant=True)
 

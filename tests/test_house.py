@@ -3,14 +3,20 @@ module over 600 lines; (issue 41) imports point down the layer order of the sub-
 docs/layout.md draws that order as the code has it.
 
 An import counts wherever it is written (module top, inside a function, under TYPE_CHECKING):
-a lazy import that dodges a ring at run time still ties the two modules both ways. Extension
-modules (``_jpeg``, ``_kernels``) import nothing of the package and are not nodes."""
+a lazy import that dodges a ring at run time still ties the two modules both ways. It also counts
+for what Python runs first (issue 46): importing ``pkg.sub.mod`` runs ``pkg/sub/__init__.py``, so
+the importer depends on that package ``__init__`` too (except its own packages, already running).
+Extension modules (``_jpeg``, ``_kernels``) import nothing of the package and are not nodes; C
+sources under csrc/ keep the same size rule."""
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -22,7 +28,7 @@ LAYOUT_PAGE = os.path.join(os.path.dirname(PACKAGE), "docs", "layout.md")
 # below it, never one above. FRONT is the modules directly in pooled_loader/: the loader that
 # composes the layers, and the public import paths.
 FRONT = "front"
-LAYERS = ["core", "observability", "shards", "mix", "resume", "engine", "ragged", "vision",
+LAYERS = ["core", "observability", "engine", "ragged", "shards", "mix", "resume", "vision",
           FRONT, "cache", "tune"]
 # Imports that point up, each with its reason. The test fails on any other, and on one of these
 # that is gone (then delete it here).
@@ -32,6 +38,17 @@ UPWARD = {
         "sits above vision/ because its builder runs the loader and its CLI builds a vision "
         "pipeline, and format.py itself imports only core/",
 }
+# What importing a module may load of the package, checked in a fresh interpreter (sys.modules):
+# module -> the sub-packages (or modules of pooled_loader/) it must not load.
+LOADS_NOTHING_OF = {
+    # `import pooled_loader.<anything>` runs this first: PooledLoader is loaded on first use
+    "pooled_loader": {"mix", "shards", "vision", "cache", "resume", "ragged", "loader"},
+    "pooled_loader.engine.worker": {"mix", "shards", "vision", "cache", "resume", "loader"},
+    "pooled_loader.engine.worker_iter": {"mix", "shards", "vision", "cache", "resume", "loader"},
+    "pooled_loader.vision": {"loader", "cache"},
+    "pooled_loader.shards": {"engine", "resume", "vision", "cache", "loader"},
+}
+CSRC = os.path.join(os.path.dirname(PACKAGE), "csrc")
 # What users import (docs/layout.md#the-public-surface lists the same): path -> names.
 PUBLIC = {
     "pooled_loader": ["PooledLoader", "SlotPool", "SampleError", "WorkerError",
@@ -96,7 +113,14 @@ def import_graph(root: str) -> dict[str, set[str]]:
                     deps.add(sub if sub in modules else target)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names)
-        graph[name] = {d for d in deps if d in modules and d != name}
+        deps = {d for d in deps if d in modules and d != name}
+        # the package __init__s Python runs before an imported module (not the importer's own)
+        own = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)} | {name}
+        for d in list(deps):
+            parts = d.split(".")
+            deps.update(p for p in (".".join(parts[:k]) for k in range(1, len(parts)))
+                        if p in modules and p not in own)
+        graph[name] = deps
     return graph
 
 
@@ -161,6 +185,35 @@ def test_no_module_of_the_package_is_over_600_lines():
     assert not over, f"modules over {MAX_LINES} lines: {over}"
 
 
+def test_no_c_source_is_over_600_lines():
+    over = {}
+    for name in sorted(os.listdir(CSRC)):
+        if name.endswith((".c", ".h")):
+            with open(os.path.join(CSRC, name), encoding="utf-8") as f:
+                n = sum(1 for _ in f)
+            if n > MAX_LINES:
+                over[name] = n
+    assert not over, f"C sources over {MAX_LINES} lines: {over}"
+
+
+def loaded_by(module: str) -> list[str]:
+    """The package's modules that `import module` loads, in a fresh interpreter."""
+    code = (f"import json, sys\nimport {module}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('pooled_loader'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(PACKAGE), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_a_subsystem_loads_only_what_it_imports():
+    """What Python really loads (issue 46): the worker without the datasets or the checkpoint
+    format, vision without the loader or the cache, shards without the machinery."""
+    for module, banned in LOADS_NOTHING_OF.items():
+        loaded = loaded_by(module)
+        wrong = [m for m in loaded if m.count(".") and m.split(".")[1] in banned]
+        assert not wrong, f"import {module} loads {wrong}"
+
+
 def _package(tmp_path, files: dict[str, str]) -> str:
     root = tmp_path / "pkg"
     for rel, text in files.items():
@@ -184,6 +237,23 @@ def test_the_ring_check_finds_lazy_and_type_only_rings_and_passes_over_extension
     graph = import_graph(root)
     assert rings(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
     assert graph["pkg.sub.e"] == {"pkg.a"}
+
+
+def test_the_ring_check_sees_the_package_inits_python_runs(tmp_path):
+    # pkg.low.a imports pkg.high.b, which runs pkg/high/__init__.py, which imports pkg.low.a:
+    # a ring no single module's imports show
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": "from ..high.b import B\n",
+        "high/__init__.py": "from ..low import a\n",
+        "high/b.py": "from . import c\nB = 1\n",  # its own package's __init__ is running
+        "high/c.py": "",
+    })
+    graph = import_graph(root)
+    assert graph["pkg.low.a"] == {"pkg.high.b", "pkg.high"}
+    assert graph["pkg.high.b"] == {"pkg.high.c"}
+    assert rings(graph) == [["pkg.high", "pkg.low.a"]]
 
 
 def test_the_size_check_counts_lines(tmp_path):
@@ -238,7 +308,7 @@ def test_the_layer_check_finds_upward_imports_lazy_ones_and_into_the_front(tmp_p
     })
     layers = ["low", "high", FRONT]
     assert upward_imports(import_graph(root), subpackages(root), layers) == {
-        ("pkg.low.a", "pkg.high.b"), ("pkg.low.c", "pkg.front")}
+        ("pkg.low.a", "pkg.high.b"), ("pkg.low.a", "pkg.high"), ("pkg.low.c", "pkg.front")}
 
 
 def render_layers(root: str = PACKAGE, layers: list[str] = LAYERS) -> str:
