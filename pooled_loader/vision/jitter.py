@@ -9,7 +9,7 @@ rounded to an integer (contrast) or the pixel's own grey (saturation). Grey is P
 Pillow) is not here: a ColorJitter with hue runs as torchvision's own op.
 
 Two implementations, the same bytes (tests/test_torchvision_swap.py checks both against
-Pillow): the compiled ``_kernels.enhance_chain`` (csrc/kernels.c), used when built, and numpy
+Pillow): the compiled ``_kernels.enhance_chain`` (csrc/jitter.c), used when built, and numpy
 (a 256-entry table per call for brightness and contrast, float32 passes for saturation). The
 compiled one exists because numpy was not enough: a 224x224 image through brightness, contrast
 and saturation took 1.8 ms in numpy against 2.2 ms for Pillow's three ``enhance`` calls, which

@@ -15,7 +15,7 @@
 
 Two implementations:
 
-- ``"c"``: the compiled ``pooled_loader.vision._kernels`` (csrc/kernels.c): separable
+- ``"c"``: the compiled ``pooled_loader.vision._kernels`` (csrc/resize.c): separable
   fixed-point/SIMD passes (AVX2, SSSE3 or SSE2 picked at import), no intermediate image, GIL
   released.  Used when importable, unless the environment variable ``POOLED_LOADER_NO_EXT=1``.
   About 120 us per 224x224 RandomResizedCrop from a 400x500 image on one core (AVX2), ~4.5x the
