@@ -56,7 +56,9 @@ if os.environ.get("POOLED_LOADER_NO_BUILD_EXT", "") not in _OFF:
     ext_modules.append(
         Extension(
             "pooled_loader.vision._kernels",
-            sources=["csrc/kernels.c"],
+            sources=["csrc/kernels.c"],  # one translation unit: it #includes the files below
+            depends=["csrc/kernels_common.h", "csrc/resize.c", "csrc/resize_passes.c",
+                     "csrc/jitter.c"],
             extra_compile_args=extra_compile_args,
             extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
             optional=True,

@@ -17,12 +17,12 @@ from torchvision.transforms.v2 import functional as F
 from pooled_loader import PooledLoader
 from pooled_loader.vision import (DecodeImage, RandomHorizontalFlip, RandomResizedCrop, Resize,
                                   ToCHW)
-from pooled_loader.vision.coco import CocoDetection
+from pooled_loader.vision.detection.coco import CocoDetection
 from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
                                             SanitizeBoundingBoxes)
-from pooled_loader.vision.detection_batch import (Counted, ImageBatch, detection_collate,
+from pooled_loader.vision.detection.batch import (Counted, ImageBatch, detection_collate,
                                                   per_image)
-from pooled_loader.vision.targets import to_xyxy
+from pooled_loader.vision.detection.targets import to_xyxy
 
 
 def smooth(h, w, seed=0):
@@ -325,7 +325,7 @@ def wrapped_coco(img_dir, ann, ops, keys=("image_id", "boxes", "labels", "masks"
 ])
 def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path, ops):
     pytest.importorskip("pycocotools")
-    from pooled_loader.vision.detection_tv import accelerate_detection
+    from pooled_loader.vision.torchvision.detection import accelerate_detection
     img_dir, ann = write_coco(tmp_path)
     theirs = wrapped_coco(img_dir, ann, ops)
     ours = accelerate_detection(theirs)
@@ -353,7 +353,7 @@ def test_wrapped_torchvision_coco_runs_fused_with_torchvision_draws(tmp_path, op
 ])
 def test_what_cannot_be_honoured_exactly_stays_torchvision(tmp_path, ops):
     pytest.importorskip("pycocotools")
-    from pooled_loader.vision.detection_tv import accelerate_detection
+    from pooled_loader.vision.torchvision.detection import accelerate_detection
     img_dir, ann = write_coco(tmp_path)
     theirs = wrapped_coco(img_dir, ann, ops)
     assert accelerate_detection(theirs) is theirs

@@ -12,10 +12,10 @@ from pooled_loader.ragged import slots as ragged
 from pooled_loader.ragged.collate import as_list
 from pooled_loader.core.deferred import DeferredArray
 from pooled_loader.vision import DecodeImage, RandomHorizontalFlip, Resize, ToCHW
-from pooled_loader.vision.coco import CocoDetection
+from pooled_loader.vision.detection.coco import CocoDetection
 from pooled_loader.vision.detection import (DetectionCompose, Pad, RandomIoUCrop,
                                             SanitizeBoundingBoxes)
-from pooled_loader.vision.detection_batch import detection_collate, per_image
+from pooled_loader.vision.detection.batch import detection_collate, per_image
 from test_detection import write_coco
 
 KEYS = ("image_id", "boxes", "labels", "masks")

@@ -8,10 +8,11 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from pooled_loader.vision import ToCHW
-from pooled_loader.vision.coco import CocoDetection
+from pooled_loader.vision.detection.coco import CocoDetection
 from pooled_loader.vision.detection import DetectionCompose
-from pooled_loader.vision.detection_ops import CenterCrop, RandomZoomOut, TorchResize
-from pooled_loader.vision.detection_tv import _op, accelerate_detection, translate_transforms
+from pooled_loader.vision.detection.ops import CenterCrop, RandomZoomOut, TorchResize
+from pooled_loader.vision.torchvision.detection import (_op, accelerate_detection,
+                                                       translate_transforms)
 from test_detection import smooth, wrapped_coco, write_coco
 
 IMAGE_FILL = {tv_tensors.Image: (11, 22, 33), "others": 0}

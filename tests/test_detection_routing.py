@@ -138,7 +138,7 @@ def test_masks_resampled_in_their_own_layout_equal_the_gather(layout, dtype):
     """pycocotools' column-major masks (and row-major ones) through gather_masks: row copies and
     blocked transposes give exactly numpy's gather, with padding, flips and dropped instances."""
     pytest.importorskip("cv2")
-    from pooled_loader.vision.targets import Geometry, gather, gather_masks
+    from pooled_loader.vision.detection.targets import Geometry, gather, gather_masks
     rng = np.random.default_rng(3)
     for trial in range(20):
         n, h, w = int(rng.integers(1, 5)), int(rng.integers(3, 90)), int(rng.integers(3, 90))
@@ -168,7 +168,7 @@ def test_masks_of_instances_sanitize_drops_are_never_decoded(tmp_path, monkeypat
     from pycocotools import mask as coco_mask
 
     from pooled_loader.vision import DecodeImage, Resize, ToCHW
-    from pooled_loader.vision.coco import CocoDetection
+    from pooled_loader.vision.detection.coco import CocoDetection
     from pooled_loader.vision.detection import DetectionCompose, SanitizeBoundingBoxes
     img_dir, ann = write_coco(tmp_path)
     decoded = []
@@ -196,7 +196,7 @@ def test_a_file_the_fused_path_refuses_is_made_by_torchvision_with_the_same_draw
     ds = wrapped_coco(img_dir, ann, PIPELINES["crop pad flip"][0](), KEYS)
     want, got, loader = both(ds)
     assert "transforms" in loader.stats()
-    from pooled_loader.vision.detection_fused import translate
+    from pooled_loader.vision.torchvision.detection_fused import translate
     fused, _ = translate(ds)
     with caplog.at_level(logging.WARNING, logger="pooled_loader"):
         for i in range(len(fused)):
@@ -216,7 +216,7 @@ def test_torchvision_typed_targets_through_detection_collate_stay_per_image(tmp_
     """The routed dataset's BoundingBoxes (format and canvas size as attributes: not a slot
     leaf) with varying counts per image, collated by our detection_collate through 2 workers:
     one BoundingBoxes per image, DataLoader's values; masks and labels per-image views."""
-    from pooled_loader.vision.detection_batch import detection_collate, per_image
+    from pooled_loader.vision.detection.batch import detection_collate, per_image
     img_dir, ann = annotated_only(*write_coco(tmp_path))
     ds = wrapped_coco(img_dir, ann, PIPELINES["ssd"][0](), KEYS)
     kw = dict(batch_size=3, num_workers=2, shuffle=True)

@@ -24,7 +24,7 @@ import imgutil
 import jpegcraft
 from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import Compose, DecodeImage, ImageFolder, RandomResizedCrop, Resize, ToCHW
-from pooled_loader.vision import decode
+from pooled_loader.vision.io import decode
 
 needs_roi = pytest.mark.skipif(decode.DECODER != "roi", reason="pooled_loader.vision._jpeg not "
                                "built (no libjpeg-turbo headers at build time) or disabled")

@@ -33,10 +33,6 @@ LAYERS = ["core", "observability", "engine", "ragged", "shards", "mix", "resume"
 # Imports that point up, each with its reason. The test fails on any other, and on one of these
 # that is gone (then delete it here).
 UPWARD = {
-    ("pooled_loader.vision.class_check", "pooled_loader.cache.format"):
-        "ImageFolder.check_classes reads the class list a cache file keeps in its header; cache/ "
-        "sits above vision/ because its builder runs the loader and its CLI builds a vision "
-        "pipeline, and format.py itself imports only core/",
 }
 # What importing a module may load of the package, checked in a fresh interpreter (sys.modules):
 # module -> the sub-packages (or modules of pooled_loader/) it must not load.

@@ -20,7 +20,7 @@ import imgutil
 from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import (Compose, DecodeImage, Normalize, RandomHorizontalFlip,
                                   RandomResizedCrop, ToCHW, backend_info)
-from pooled_loader.vision import decode
+from pooled_loader.vision.io import decode
 
 needs_roi = pytest.mark.skipif(decode.DECODER != "roi",
                                reason="pooled_loader.vision._jpeg not built (no libjpeg-turbo "

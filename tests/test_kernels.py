@@ -1,4 +1,4 @@
-"""Tests of pooled_loader.vision.kernels.crop_resize_flip_chw (compiled and OpenCV paths).
+"""Tests of pooled_loader.vision.io.kernels.crop_resize_flip_chw (compiled and OpenCV paths).
 
 Quality, measured on this machine (Pillow 13, OpenCV 5.0, synthetic 375x500 test image below and
 scikit-image's photos), against Pillow's
@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import pytest
 
-from pooled_loader.vision import kernels as K
+from pooled_loader.vision.io import kernels as K
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -295,7 +295,7 @@ def test_threads_give_same_results(fn):
 @needs_ext
 def test_default_dispatch_is_compiled_and_env_forces_opencv():
     assert K.BACKEND == "c" and K.ext_available()
-    code = ("import pooled_loader.vision.kernels as K, numpy as np;"
+    code = ("import pooled_loader.vision.io.kernels as K, numpy as np;"
             "o = np.empty((3, 8, 8), np.uint8);"
             "K.crop_resize_flip_chw(np.zeros((10, 10, 3), np.uint8), (0, 0, 10, 10), o);"
             "print(K.BACKEND)")
@@ -473,8 +473,8 @@ def test_opencv_path_temporaries_live_in_the_threads_scratch_and_stop_growing():
     """One scratch scheme: the OpenCV path's temporaries are named buffers of the calling
     thread's Scratch, so once the largest shapes have been seen nothing more is allocated,
     whatever the mix of boxes and output sizes; another thread has its own."""
-    from pooled_loader.vision.buffers import thread_scratch
-    from pooled_loader.vision.kernels import resize_hwc
+    from pooled_loader.vision.io.buffers import thread_scratch
+    from pooled_loader.vision.io.kernels import resize_hwc
 
     jobs = [((10, 20, 300, 250), (224, 224), False), ((5, 7, 50, 40), (160, 96), True),
             ((0, 0, 500, 375), (64, 48), True), ((123, 45, 67, 300), (100, 200), False),

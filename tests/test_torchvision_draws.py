@@ -15,11 +15,11 @@ from torchvision import transforms as v1  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 import imgutil  # noqa: E402
-from pooled_loader.vision import torchvision_fused  # noqa: E402
-from pooled_loader.vision import torchvision_plan as tp  # noqa: E402
-from pooled_loader.vision.buffers import Scratch  # noqa: E402
-from pooled_loader.vision.jitter import jitter_into  # noqa: E402
-from pooled_loader.vision.kernels import ext_available  # noqa: E402
+from pooled_loader.vision.torchvision import folder as torchvision_fused  # noqa: E402
+from pooled_loader.vision.torchvision import plan as tp  # noqa: E402
+from pooled_loader.vision.io.buffers import Scratch  # noqa: E402
+from pooled_loader.vision.ops.jitter import jitter_into  # noqa: E402
+from pooled_loader.vision.io.kernels import ext_available  # noqa: E402
 
 SIZES = [(375, 500), (500, 333), (17, 301), (300, 9), (1, 1), (2, 3), (224, 224)]
 
@@ -160,7 +160,7 @@ def test_a_slot_row_written_in_place_is_returned_as_is(tmp_path):
 def test_jitter_chain_refuses_what_it_cannot_run():
     if not ext_available():
         pytest.skip("the compiled kernels are not built")
-    from pooled_loader.vision.kernels import _kernels
+    from pooled_loader.vision.io.kernels import _kernels
     img = np.zeros((3, 4, 5), np.uint8)
     for bad in ([(3, 1.0)], [(0,)], [(0, 1.0)] * 17, 5):
         with pytest.raises((ValueError, TypeError)):

@@ -21,7 +21,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 import imgutil  # noqa: E402
 from pooled_loader import PooledLoader  # noqa: E402
-from pooled_loader.vision import torchvision_fused  # noqa: E402
+from pooled_loader.vision.torchvision import folder as torchvision_fused  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # decode_image is deprecated
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

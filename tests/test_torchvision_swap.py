@@ -64,10 +64,10 @@ from torchvision.transforms import v2  # noqa: E402
 
 import imgutil  # noqa: E402
 from pooled_loader.vision import ImageFolder as PooledFolder  # noqa: E402
-from pooled_loader.vision.buffers import Scratch  # noqa: E402
-from pooled_loader.vision.jitter import jitter_  # noqa: E402
-from pooled_loader.vision.kernels import ext_available  # noqa: E402
-from pooled_loader.vision import torchvision_fused  # noqa: E402
+from pooled_loader.vision.io.buffers import Scratch  # noqa: E402
+from pooled_loader.vision.ops.jitter import jitter_  # noqa: E402
+from pooled_loader.vision.io.kernels import ext_available  # noqa: E402
+from pooled_loader.vision.torchvision import folder as torchvision_fused  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -13,7 +13,7 @@ import imgutil
 from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import (Compose, DecodeImage, ImageFolder, RandomHorizontalFlip,
                                   RandomResizedCrop, Resize, ToCHW)
-from pooled_loader.vision import decode
+from pooled_loader.vision.io import decode
 
 
 def train_tf() -> Compose:

@@ -1,100 +1,150 @@
-"""The vision modules import one way: each only from the layers below it (see vision/base.py).
+"""The vision modules import one way, down ``pooled_loader.vision.LAYERS`` (the one list), as
+Python really imports them: package ``__init__``s included, nothing stubbed.
 
-Each module is imported alone in a fresh interpreter, with the package ``__init__`` files kept out
-of the way (they import everything), and what got loaded is compared with the layers; the source
-is also read for imports inside functions, which loading alone would not reveal.
+Two views of the same rule: the source (every import, at the top or inside a function, read
+with tests/test_house.py's ``import_graph``, which counts package ``__init__``s), and what a
+fresh interpreter loads when it imports the modules of a layer (beyond what ``import
+pooled_loader.vision`` loads anyway: that package imports its public surface). Neither may
+reach cache/, the loader or cv2 (OpenCV is loaded by ``io/kernels.py`` only, and only when a
+path needs it). The modules directly in vision/ that are in no layer are kept import paths:
+each is the moved module under its old name, and nothing in the package imports it.
 """
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import subprocess
 import sys
 
 import pooled_loader.vision
+from test_house import PACKAGE, import_graph
 
+VISION = "pooled_loader.vision"
 VISION_DIR = os.path.dirname(pooled_loader.vision.__file__)
-PKG_DIR = os.path.dirname(VISION_DIR)
+ROOT = os.path.dirname(PACKAGE)
+LAYERS = pooled_loader.vision.LAYERS
 
-# module -> layer; a module may import only modules of a strictly lower layer
-LAYERS = {"buffers": 0, "jpeg_markers": 0, "torchvision_plan": 0, "kernels": 1, "base": 2,
-          "jitter": 2, "decode": 3, "ops": 3, "compose": 4, "folder": 5, "__init__": 6,
-          "torchvision_fused": 6,
-          "class_check": 0,  # (reads cache/ and shards/ headers, nothing of vision)
-          # detection (issue 38): geometry (OpenCV's transpose through kernels), the ops, the
-          # glue, the readers, then the torchvision recogniser and the loader's routed wrapper
-          "targets": 2, "detection_ops": 3, "detection": 4, "detection_batch": 4, "coco": 4,
-          "voc": 5, "detection_tv": 6, "detection_fused": 7}
-EXTENSIONS = {"_jpeg", "_kernels"}  # compiled leaves, importing nothing
 
-_LOAD_ALONE = """
-import importlib, json, sys, types
-for name, path in (("pooled_loader", {pkg!r}), ("pooled_loader.vision", {vision!r})):
-    stub = types.ModuleType(name)
-    stub.__path__ = [path]
-    sys.modules[name] = stub
-importlib.import_module("pooled_loader.vision." + {module!r})
-print(json.dumps(sorted(m for m in sys.modules if m.startswith("pooled_loader.vision.")
-                        or m == "cv2")))
+def _graph() -> dict[str, set[str]]:
+    return {m: deps for m, deps in import_graph(PACKAGE).items()
+            if m == VISION or m.startswith(VISION + ".")}
+
+
+def _kept_target(module: str) -> str | None:
+    """The module a kept import path stands for, or None when ``module`` is not one: its source
+    imports one vision module and makes it ``sys.modules[__name__]``, nothing more."""
+    if module.count(".") != 2:
+        return None
+    with open(os.path.join(VISION_DIR, module.rsplit(".", 1)[1] + ".py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr)
+                                         and isinstance(n.value, ast.Constant))]
+    froms = [n for n in body if isinstance(n, ast.ImportFrom)]
+    if len(body) != 3 or len(froms) != 1 or len(froms[0].names) != 1 \
+            or "sys.modules[__name__]" not in ast.unparse(body[-1]):
+        return None
+    return f"{froms[0].module}.{froms[0].names[0].name}"
+
+
+def _layer(module: str) -> int | None:
+    """The index in LAYERS of a vision module (its wing, or its own name), None for a kept
+    path, len(LAYERS) for the package's own ``__init__``."""
+    if module == VISION:
+        return len(LAYERS)
+    part = module.split(".")[2]
+    if part in LAYERS:
+        return LAYERS.index(part)
+    assert _kept_target(module), f"{module} is in no layer of pooled_loader.vision.LAYERS and " \
+        "is not a kept import path: place it in a layer"
+    return None
+
+
+def test_every_vision_module_has_a_layer_or_is_a_kept_path():
+    graph = _graph()
+    assert len(graph) > 30
+    for module in graph:
+        _layer(module)
+    assert set(LAYERS) <= {m.split(".")[2] for m in graph if m != VISION}, "a layer is gone"
+
+
+def test_no_vision_module_imports_a_layer_after_its_own_even_lazily():
+    graph = _graph()
+    for module, deps in sorted(graph.items()):
+        layer = _layer(module)
+        for dep in deps:
+            if not dep.startswith(VISION + "."):
+                continue
+            assert _layer(dep) is not None, f"{module} imports the kept path {dep}: import " \
+                f"{_kept_target(dep)}"
+            if layer is not None:
+                assert _layer(dep) <= layer, \
+                    f"{module} ({LAYERS[layer] if layer < len(LAYERS) else 'the package'}) " \
+                    f"imports {dep} ({LAYERS[_layer(dep)]}), a layer after its own"
+
+
+def test_nothing_in_vision_imports_the_cache_or_the_loader_even_lazily():
+    for module, deps in import_graph(PACKAGE).items():
+        if module == VISION or module.startswith(VISION + "."):
+            bad = {d for d in deps if d.startswith("pooled_loader.cache")
+                   or d in ("pooled_loader.loader", "pooled_loader")}
+            assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_kept_paths_are_the_moved_modules():
+    kept = {m: _kept_target(m) for m in _graph() if _layer(m) is None}
+    assert {"pooled_loader.vision.decode", "pooled_loader.vision.kernels",
+            "pooled_loader.vision.detection_tv", "pooled_loader.vision.torchvision_fused"} \
+        <= set(kept)
+    for old, new in kept.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert getattr(pooled_loader.vision, old.rsplit(".", 1)[1]) is sys.modules[new]
+
+
+_LOADS = """
+import importlib, json, sys
+import pooled_loader.vision
+before = set(sys.modules)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps({"before": sorted(m for m in before if m.startswith("pooled_loader")
+                                   or m == "cv2"),
+                  "after": sorted(m for m in set(sys.modules) - before
+                                  if m.startswith("pooled_loader") or m == "cv2")}))
 """
 
 
-def _vision_modules() -> list[str]:
-    return sorted(f[:-3] for f in os.listdir(VISION_DIR) if f.endswith(".py"))
-
-
-def test_every_vision_module_has_a_layer():
-    assert set(_vision_modules()) == set(LAYERS)
-
-
-def test_each_vision_module_loads_alone_without_the_layers_above_it_or_cv2():
-    modules = [m for m in _vision_modules() if m != "__init__"]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    procs = {m: subprocess.Popen(
-        [sys.executable, "-c", _LOAD_ALONE.format(pkg=PKG_DIR, vision=VISION_DIR, module=m)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for m in modules}
-    for module, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"importing vision.{module} alone failed:\n{err}"
-        loaded = {m.rsplit(".", 1)[-1] for m in json.loads(out)}
-        assert "cv2" not in loaded, f"importing vision.{module} imported cv2 (kernels loads it lazily)"
-        above = {m for m in loaded - EXTENSIONS - {module} if LAYERS[m] >= LAYERS[module]}
-        assert not above, f"vision.{module} (layer {LAYERS[module]}) loaded {sorted(above)}"
-
-
-def _imported_vision_modules(path: str) -> set[str]:
-    """Every vision module a source file imports, at the top or inside a function."""
-    found = set()
-    for node in ast.walk(ast.parse(open(path).read())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1:  # from . import x / from .x import y
-                names = [base] if base else [a.name for a in node.names]
-            elif node.level == 0 and base.startswith("pooled_loader.vision."):
-                names = [base.split(".")[2]]
-            elif node.level == 0 and base == "pooled_loader.vision":
-                names = [a.name for a in node.names]
-            else:
-                names = []
-            found.update(n.split(".")[0] for n in names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[2] for a in node.names
-                         if a.name.startswith("pooled_loader.vision."))
-    return {n for n in found if n in LAYERS or n in EXTENSIONS}
-
-
-def test_no_vision_module_imports_a_layer_above_it_even_lazily():
-    for module in _vision_modules():
-        imported = _imported_vision_modules(os.path.join(VISION_DIR, module + ".py"))
-        above = {m for m in imported - EXTENSIONS if LAYERS[m] >= LAYERS[module]}
-        assert not above, f"vision/{module}.py imports {sorted(above)} (layer >= its own)"
+def test_each_layer_loads_only_itself_and_the_layers_below_it():
+    """A fresh interpreter per layer (importing each of its modules), with the real package
+    ``__init__``s."""
+    graph = _graph()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    procs = {}
+    for i, layer in enumerate(LAYERS):
+        modules = sorted(m for m in graph if m != VISION and _layer(m) == i)
+        procs[layer] = subprocess.Popen([sys.executable, "-c", _LOADS, *modules],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=env, cwd=ROOT)
+    for layer, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"importing the modules of {layer} failed:\n{err}"
+        loaded = json.loads(out)
+        everything = set(loaded["before"]) | set(loaded["after"])
+        assert "cv2" not in everything, f"importing {layer} imported cv2 (kernels loads it lazily)"
+        cache = sorted(m for m in everything if m.startswith("pooled_loader.cache"))
+        assert not cache, f"importing {layer} loaded {cache}"
+        above = sorted(m for m in loaded["after"] if m.startswith(VISION + ".")
+                       and (_layer(m) is None or _layer(m) > LAYERS.index(layer)))
+        assert not above, f"importing the modules of {layer} loaded {above}"
 
 
 def test_only_kernels_imports_cv2():
-    for module in _vision_modules():
-        tree = ast.parse(open(os.path.join(VISION_DIR, module + ".py")).read())
-        names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                 for a in (n.names if isinstance(n, ast.Import) else [])}
+    for module in _graph():
+        path = os.path.join(os.path.dirname(PACKAGE), *module.split("."))
+        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert module == "kernels" or "cv2" not in names, f"vision/{module}.py imports cv2"
+        assert module == "pooled_loader.vision.io.kernels" or "cv2" not in names, \
+            f"{module} imports cv2"

@@ -14,7 +14,7 @@ import imgutil
 from pooled_loader.vision import (CenterCrop, Compose, DecodeImage, ImageFolder, Normalize,
                                   RandomHorizontalFlip, RandomResizedCrop, Resize, Spec, ToCHW)
 from pooled_loader.vision.compose import dct_factor, scale_box
-from pooled_loader.vision.decode import decode_into, read_header, scaled_size
+from pooled_loader.vision.io.decode import decode_into, read_header, scaled_size
 
 U8 = np.dtype(np.uint8)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

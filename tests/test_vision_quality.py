@@ -22,7 +22,7 @@ import imgutil
 from pooled_loader.vision import (Compose, DecodeImage, RandomHorizontalFlip, RandomResizedCrop,
                                   Resize, ToCHW)
 from pooled_loader.vision.compose import dct_factor, scale_box
-from pooled_loader.vision.kernels import resize_hwc
+from pooled_loader.vision.io.kernels import resize_hwc
 
 TOL = 2.0  # mean abs diff, uint8 levels
 

@@ -15,9 +15,9 @@ from pooled_loader import PooledLoader
 from pooled_loader.core.errors import SampleError
 from pooled_loader.vision import DecodeImage, Resize, ToCHW
 from pooled_loader.vision.detection import DetectionCompose, SanitizeBoundingBoxes
-from pooled_loader.vision.detection_batch import detection_collate, per_image
-from pooled_loader.vision.detection_tv import accelerate_detection
-from pooled_loader.vision.voc import MAX_XML_BYTES, VOCDetection, parse_annotation
+from pooled_loader.vision.detection.batch import detection_collate, per_image
+from pooled_loader.vision.torchvision.detection import accelerate_detection
+from pooled_loader.vision.detection.voc import MAX_XML_BYTES, VOCDetection, parse_annotation
 from test_detection import smooth
 
 SIZES = [(97, 131), (64, 64), (203, 151), (45, 301), (120, 80)]

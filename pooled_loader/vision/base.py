@@ -1,33 +1,17 @@
 """The contract every image op follows, at the bottom of ``vision/``: :class:`Spec`, :class:`Op`,
-:class:`Resampler`, ``Box``.
-
-Imports point one way, so that each layer can be read (and tested) without the ones above it::
-
-    buffers, kernels      scratch memory and the resize kernels (the only cv2 import)
-    jpeg_markers          JPEG frame header and scan count from the markers (no imports)
-    torchvision_plan      reads a torchvision Compose into fused steps (torch, torchvision only)
-    base                  Spec, Op, Resampler, Box: the contract (this module)
-    jitter                Pillow-exact colour jitter on uint8 CHW images
-    decode, ops           DecodeImage; geometry, flip, layout, normalize ops
-    compose               Compose, the planner: fuses and runs the ops through planned buffers
-    folder                ImageFolder, which runs a Compose per sample
-    targets               boxes / masks / keypoints through the same geometry (numpy only)
-    detection, coco,      DetectionCompose (image + targets), COCO folder, detection batches
-      detection_batch
-    detection_tv          an unchanged torchvision CocoDetection + v2 Compose, run fused
-    torchvision_fused     runs a torchvision ImageFolder + Compose on the fused path
+``Box``, ``Size`` and the checks ops share (``fits``, ``deliver``, ``pair``, ``hwc``).
 
 An op declares its output (``spec``), draws its random parameters (``draw``) and writes into a
 given buffer (``apply``); calling an op alone runs exactly those three steps, so an op never needs
-the planner above it.
+the planner above it. The resizing ops' base, ``Resampler``, lives with them in
+``vision/ops/geometry.py`` (it runs the resize kernel). The layers of vision/ are listed once, in
+``pooled_loader.vision.LAYERS``. Imports nothing of the package.
 """
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence, Union
 
 import numpy as np
-
-from pooled_loader.vision.kernels import resize_hwc
 
 Size = Union[int, Sequence[int]]
 Box = tuple[int, int, int, int]  # (x0, y0, width, height) in source pixels
@@ -102,32 +86,3 @@ def hwc(spec: Spec, op: str) -> tuple[int, int, int]:
     if spec.layout != "HWC" or len(spec.shape) != 3:
         raise ValueError(f"{op} expects an HWC image, got {spec.layout} {spec.shape}")
     return spec.shape  # type: ignore[return-value]
-
-
-class Resampler(Op):
-    """An op that resizes a box of its input: ``sample(h, w) -> (box, (out_h, out_w))``.
-
-    Alone it resizes with :func:`~pooled_loader.vision.kernels.resize_hwc`; in a ``Compose`` a
-    following flip / ``ToCHW`` / ``Normalize`` is fused into the same kernel call.
-    """
-
-    def out_hw(self, h: int, w: int) -> tuple[int, int]:
-        """Output (height, width) for an h x w input."""
-        raise NotImplementedError
-
-    def sample(self, h: int, w: int) -> tuple[Box, tuple[int, int]]:
-        """The box to resize (drawing from ``random`` if the op is random) and the output size."""
-        raise NotImplementedError
-
-    def spec(self, spec: Spec) -> Spec:
-        h, w, c = hwc(spec, type(self).__name__)
-        if spec.dtype != np.uint8:
-            raise ValueError(f"{type(self).__name__} expects uint8, got {spec.dtype}")
-        return Spec((*self.out_hw(h, w), c), spec.dtype, "HWC")
-
-    def draw(self, spec: Spec) -> tuple[Box, tuple[int, int]]:
-        return self.sample(*spec.shape[:2])
-
-    def apply(self, x: np.ndarray, out: np.ndarray, params: object, spec: Spec) -> np.ndarray:
-        box, _ = params  # type: ignore[misc]
-        return resize_hwc(x, box, out)

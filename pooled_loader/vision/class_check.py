@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from ..cache.format import read_header
+from ..core.cache_header import read_header
 from ..core.errors import ClassMismatchError
 from ..core.file_index import is_hidden
 from ..shards.samples import expand_shards

@@ -6,7 +6,7 @@ becomes one ``crop_resize_flip_chw`` call (one pass, no intermediate image). A l
 ``DecodeImage`` followed by a resizing op is fused with it: the box is sampled from the JPEG
 header's size, then the JPEG is decoded at the largest DCT scale (1/2, 1/4, 1/8) that keeps the
 box at least as large as the output and, with the compiled "roi" decoder, only the part of the
-image that the resize reads (see vision/decode.py). Random parameters are drawn in op order, so
+image that the resize reads (see vision/io/decode.py). Random parameters are drawn in op order, so
 fusing does not change which crops and flips a seed gives.
 
 Per process, each stage's output spec is computed once per input spec (a small cache) and its
@@ -28,13 +28,13 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pooled_loader.observability.stages import CLOCK, perf_counter_ns
-from pooled_loader.vision.base import Box, Op, Resampler, Spec
-from pooled_loader.vision.buffers import Scratch
-from pooled_loader.vision.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,
-                                         decode_into, read_header)
-from pooled_loader.vision.decode import scale_box  # noqa: F401  (kept importable from here)
-from pooled_loader.vision.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
-from pooled_loader.vision.ops import Normalize, RandomHorizontalFlip, ToCHW
+from pooled_loader.vision.base import Box, Op, Spec
+from pooled_loader.vision.io.buffers import Scratch
+from pooled_loader.vision.io.decode import (JPEG_SCALES, Buffer, DecodeImage, decode_crop_into,
+                                            decode_into, read_header)
+from pooled_loader.vision.io.decode import scale_box  # noqa: F401  (kept importable from here)
+from pooled_loader.vision.io.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
+from pooled_loader.vision.ops.geometry import Normalize, RandomHorizontalFlip, Resampler, ToCHW
 
 _PLAN_CACHE = 32  # input specs remembered per stage
 _RESERVE_MAX = 64 << 20  # decode buffers are pre-sized for a full decode up to this many bytes

@@ -10,9 +10,9 @@ from pooled_loader.vision.class_check import check_classes
 from pooled_loader.core.errors import SampleError
 from pooled_loader.core.file_index import (IMG_EXTENSIONS, FileIndex, SampleList, TargetList,
                                       list_image_folder)
-from pooled_loader.vision.buffers import Scratch, read_file
+from pooled_loader.vision.io.buffers import Scratch, read_file
 from pooled_loader.vision.compose import Compose
-from pooled_loader.vision.ops import Op
+from pooled_loader.vision.base import Op
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "FileIndex", "list_image_folder"]
 

@@ -5,7 +5,7 @@ RandomHorizontalFlip(), ToCHW(), SanitizeBoundingBoxes()])(image_bytes, target)`
 ``(image, target)``: the image as the classification path makes it (the last resize fused with
 flip, CHW and normalize into one ``crop_resize_flip_chw`` call, writing into ``out``), and the
 target dict with its boxes, masks and keypoints moved by the same drawn parameters
-(vision/targets.py holds that geometry, with torchvision v2's arithmetic).
+(vision/detection/targets.py holds that geometry, with torchvision v2's arithmetic).
 
 Random parameters are drawn op by op in pipeline order, each on the canvas the ops before it left:
 ``RandomResizedCrop`` and ``RandomHorizontalFlip`` from ``random`` (as the classification path
@@ -38,13 +38,13 @@ import torch
 
 from pooled_loader.core.deferred import DeferredArray
 from pooled_loader.vision.base import Spec, fits
-from pooled_loader.vision.buffers import Scratch
-from pooled_loader.vision.decode import DecodeImage, decode_into, read_header
-from pooled_loader.vision.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
-from pooled_loader.vision.ops import (Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
-                                      ToCHW)
-from pooled_loader.vision.targets import Geometry, sanitize, to_xyxy
-from pooled_loader.vision.targets import box_format as format_name
+from pooled_loader.vision.detection.targets import Geometry, sanitize, to_xyxy
+from pooled_loader.vision.detection.targets import box_format as format_name
+from pooled_loader.vision.io.buffers import Scratch
+from pooled_loader.vision.io.decode import DecodeImage, decode_into, read_header
+from pooled_loader.vision.io.kernels import crop_resize_flip_chw, flip_horizontal_, resize_hwc
+from pooled_loader.vision.ops.geometry import (Normalize, RandomHorizontalFlip, RandomResizedCrop,
+                                               Resize, ToCHW)
 
 
 class RandomIoUCrop:
@@ -193,7 +193,7 @@ class DetectionCompose:
 
     Ops: an optional leading ``DecodeImage`` (then ``image`` is encoded bytes, else an HWC uint8
     array or a CHW uint8 tensor), then ``RandomIoUCrop``, ``RandomResizedCrop``, ``Resize``,
-    ``RandomHorizontalFlip``, ``Pad`` and the ops of vision/detection_ops.py (``CenterCrop``,
+    ``RandomHorizontalFlip``, ``Pad`` and the ops of vision/detection/ops.py (``CenterCrop``,
     ``RandomZoomOut``, ...: any op with ``plan(geometry, boxes_xyxy)``) in any order, then
     ``SanitizeBoundingBoxes``, ``ToCHW``, ``Normalize``. ``box_format`` names the format of
     boxes given as plain arrays (integer boxes stay integers, truncated after each resize).
@@ -260,7 +260,7 @@ class DetectionCompose:
                 window = op.draw(g.canvas, g.boxes(boxes_xyxy, "XYXY", integer))
                 if window is not None:
                     g.crop(*window, keep_centers=True)
-            elif hasattr(op, "plan"):  # vision/detection_ops.py: the op plans its own steps
+            elif hasattr(op, "plan"):  # vision/detection/ops.py: the op plans its own steps
                 op.plan(g, boxes_xyxy)
             else:
                 g.pad(*op.padding)

@@ -1,9 +1,9 @@
 """Geometry of detection targets: boxes, masks and keypoints through the image's crops, resizes,
 flips and pads, with torchvision v2's arithmetic.
 
-Why a module of its own: the image ops (vision/ops.py) move pixels; here the same drawn
+Why a module of its own: the image ops (vision/ops/) move pixels; here the same drawn
 parameters move everything that is *about* the pixels, with numpy only, so that the
-detection glue (vision/detection.py) can run both from one list of steps. Imports: numpy;
+detection glue (vision/detection/compose.py) can run both from one list of steps. Imports: numpy;
 OpenCV (a blocked transpose) where it is installed.
 
 A :class:`Geometry` is the list of steps one sample went through, each on the canvas the step
@@ -282,7 +282,7 @@ def gather_masks(m: np.ndarray, picked: Any, rows: np.ndarray, cols: np.ndarray,
     per-pixel gather or a numpy transposing copy (both ~10x slower). Column-major: the source
     columns, transposed, then the rows, straight into ``out``. False (nothing written) when
     OpenCV is absent or the masks do not suit it; :func:`gather` then does it."""
-    from pooled_loader.vision.kernels import transpose_into  # (OpenCV, loaded there lazily)
+    from pooled_loader.vision.io.kernels import transpose_into  # (OpenCV, loaded there lazily)
     if not _opencv() or not len(picked) or not out.flags.c_contiguous or m.dtype != out.dtype:
         return False
     src_all, dst_all = m, out
@@ -329,7 +329,7 @@ _OPENCV: list = []
 def _opencv() -> bool:
     """True when OpenCV imports (asked once, through vision.kernels)."""
     if not _OPENCV:
-        from pooled_loader.vision.kernels import transpose_into
+        from pooled_loader.vision.io.kernels import transpose_into
         _OPENCV.append(transpose_into(np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.uint8)))
     return _OPENCV[0]
 

@@ -21,23 +21,25 @@ Random parameters are drawn as the ops draw them, from the same RNG (torch's glo
 Python's ``random`` for timm's crop) in the same order as under DataLoader, by the same
 sequence of calls as the op's own ``get_params`` / ``make_params`` (:class:`Draws`; the ops'
 methods check their input and make a tensor per draw: ~50 us a sample for torchvision's crop;
-tests/test_torchvision_draws.py compares each with the op's method). Imports: torch and
-torchvision only (this module is imported only when torchvision already is).
+tests/test_torchvision_draws.py compares each with the op's method; the box itself is drawn by
+vision/ops/crop_box.py, for our own op as for torchvision's and timm's). Which ops map, and the
+interpolation rule, are vision/torchvision/table.py's. Imports: torch, vision/ops/crop_box.py
+and table.py; torchvision inside functions (this module is imported only when torchvision
+already is).
 """
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-# op kinds (Step.kind)
-RESIZED_CROP, RESIZE, CENTER_CROP, FLIP, JITTER, CONVERT = (
-    "resized_crop", "resize", "center_crop", "flip", "jitter", "convert")
-
+from pooled_loader.vision.ops.crop_box import PYTHON_RANDOM, resized_crop_box
+from pooled_loader.vision.torchvision.table import (CENTER_CROP, CONVERT, DETECTION, FLIP,
+                                                    JITTER, RESIZE, RESIZED_CROP, op_table,
+                                                    resizes_bilinearly)
 
 @dataclass
 class Step:
@@ -94,44 +96,6 @@ def _pair(size: Any) -> tuple[int, int] | None:
     return (size[0], size[1]) if len(size) == 2 else None
 
 
-def _bilinear(op: Any) -> bool:
-    """The op resizes bilinearly (v2 keeps the mode as given: an enum, a name or PIL's int)."""
-    from torchvision.transforms import InterpolationMode
-    mode = getattr(op, "interpolation", None)
-    if isinstance(mode, InterpolationMode):
-        return mode is InterpolationMode.BILINEAR
-    if isinstance(mode, str):
-        return mode.lower() == "bilinear"
-    return type(mode) is int and mode == 2  # PIL.Image.BILINEAR
-
-
-def _classes() -> dict:
-    """Exact op classes recognised, keyed by class: (kind, version)."""
-    import torchvision.transforms as v1
-    import torchvision.transforms.v2 as v2
-    table = {
-        v1.RandomResizedCrop: (RESIZED_CROP, "v1"), v2.RandomResizedCrop: (RESIZED_CROP, "v2"),
-        v1.Resize: (RESIZE, "v1"), v2.Resize: (RESIZE, "v2"),
-        v1.CenterCrop: (CENTER_CROP, "v1"), v2.CenterCrop: (CENTER_CROP, "v2"),
-        v1.RandomHorizontalFlip: (FLIP, "v1"), v2.RandomHorizontalFlip: (FLIP, "v2"),
-        v1.ColorJitter: (JITTER, "v1"), v2.ColorJitter: (JITTER, "v2"),
-        v1.ToTensor: (CONVERT, "v1"), v1.PILToTensor: (CONVERT, "v1"),
-        v1.ConvertImageDtype: (CONVERT, "v1"), v1.Normalize: (CONVERT, "v1"),
-        v2.PILToTensor: (CONVERT, "v2"), v2.ToImage: (CONVERT, "v2"),
-        v2.ToDtype: (CONVERT, "v2"), v2.Normalize: (CONVERT, "v2"),
-        v2.ToPureTensor: (CONVERT, "v2"),
-    }
-    try:  # timm's training crop and its ToTensor (only when timm is already imported)
-        import sys
-        timm_t = sys.modules.get("timm.data.transforms")
-        if timm_t is not None:
-            table[timm_t.RandomResizedCropAndInterpolation] = (RESIZED_CROP, "timm")
-            table[timm_t.MaybeToTensor] = (CONVERT, "v1")
-    except AttributeError:
-        pass
-    return table
-
-
 def compose_ops(transform: Any) -> list | None:
     """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), else None."""
     if type(transform).__module__.split(".")[0] != "torchvision":
@@ -149,7 +113,7 @@ class _Reader:
 
     def __init__(self, start: str) -> None:
         self.plan = Plan(state=start, start=start)
-        self.table = _classes()
+        self.table = op_table()
         self.resized = False  # a resize (or crop) has been taken
         self.cropped = False
         self.jittered = False
@@ -160,7 +124,7 @@ class _Reader:
 
     def take(self, op: Any) -> bool:
         found = self.table.get(type(op))
-        if found is None:
+        if found is None or found[0] in DETECTION:  # (a detection op: no classification step)
             return self.stop(f"{type(op).__name__} has no fused equivalent")
         kind, version = found
         plan = self.plan
@@ -191,7 +155,7 @@ class _Reader:
             return True
         if self.resized or self.cropped:
             return self.stop(f"a second resize ({type(op).__name__})")
-        if not _bilinear(op) or (plan.state == "u8" and getattr(op, "antialias", True) is not True):
+        if not resizes_bilinearly(op, version, tensor=plan.state == "u8"):
             return self.stop(f"{type(op).__name__}: only bilinear (antialiased) resizing is fused")
         if plan.state == "u8" and version == "v1":  # v1 resizes a uint8 tensor in float32
             return self.stop(f"{type(op).__name__} (v1) of a tensor is left to torchvision")
@@ -308,26 +272,28 @@ class Draws:
         """``torch.randint(low, high, size=(1,)).item()``."""
         return self.i64.random_(low, high).item()
 
+    # the draws of a RandomResizedCrop's box (vision/ops/crop_box.py's Source)
+
+    def exp_uniform(self, low: float, high: float) -> float:
+        """``torch.exp(torch.empty(1).uniform_(low, high)).item()``: exp in float32."""
+        return self.f32.uniform_(low, high).exp_().item()
+
+    def randint_incl(self, low: int, high: int) -> int:
+        """``torch.randint(low, high + 1, size=(1,)).item()``."""
+        return self.i64.random_(low, high + 1).item()
+
     def box(self, step: Step, h: int, w: int) -> tuple[int, int, int, int]:
         """(top, left, height, width) of a RandomResizedCrop on an h x w image: torchvision's
         v1 ``get_params`` / v2 ``make_params`` (the same algorithm and torch calls) without
         their input checks, or timm's ``get_params`` (Python's ``random``)."""
         op = step.op
-        if step.version == "timm":
-            return _timm_box(h, w, op.scale, op.ratio)
-        scale, log_ratio = op.scale, step.log_ratio
-        area = h * w
-        f32 = self.f32
-        for _ in range(10):
-            target_area = area * f32.uniform_(scale[0], scale[1]).item()
-            aspect_ratio = f32.uniform_(log_ratio[0], log_ratio[1]).exp_().item()
-            cw = int(round(math.sqrt(target_area * aspect_ratio)))
-            ch = int(round(math.sqrt(target_area / aspect_ratio)))
-            if 0 < cw <= w and 0 < ch <= h:
-                top = self.i64.random_(0, h - ch + 1).item()
-                left = self.i64.random_(0, w - cw + 1).item()
-                return top, left, ch, cw
-        return _central_box(h, w, op.ratio)
+        if step.version == "timm":  # Python's random, its own float64 logs; no emptiness check
+            log_ratio = (math.log(op.ratio[0]), math.log(op.ratio[1]))
+            x0, y0, cw, ch = resized_crop_box(h, w, op.scale, log_ratio, op.ratio,
+                                              PYTHON_RANDOM, empty_ok=True)
+        else:
+            x0, y0, cw, ch = resized_crop_box(h, w, op.scale, step.log_ratio, op.ratio, self)
+        return y0, x0, ch, cw
 
     def flip(self, step: Step) -> bool:
         """torchvision's coin: ``torch.rand(1) < p`` (v2: not ``>= p``, the same draw). torch
@@ -342,33 +308,6 @@ class Draws:
         order = torch.randperm(4).tolist()
         return order, tuple(None if r is None else self.uniform(r[0], r[1])
                             for r in (op.brightness, op.contrast, op.saturation, op.hue))
-
-
-def _central_box(h: int, w: int, ratio: Any) -> tuple[int, int, int, int]:
-    """RandomResizedCrop's box when ten draws found none (torchvision's and timm's rule)."""
-    in_ratio = float(w) / float(h)
-    if in_ratio < min(ratio):
-        cw, ch = w, int(round(w / min(ratio)))
-    elif in_ratio > max(ratio):
-        ch, cw = h, int(round(h * max(ratio)))
-    else:
-        cw, ch = w, h
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
-
-
-def _timm_box(h: int, w: int, scale: Any, ratio: Any) -> tuple[int, int, int, int]:
-    """timm's ``RandomResizedCropAndInterpolation.get_params``, call for call on Python's
-    ``random`` (its own method first asks torchvision for the image's size)."""
-    area = w * h
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = random.uniform(*scale) * area
-        aspect_ratio = math.exp(random.uniform(*log_ratio))
-        cw = int(round(math.sqrt(target_area * aspect_ratio)))
-        ch = int(round(math.sqrt(target_area / aspect_ratio)))
-        if cw <= w and ch <= h:
-            return random.randint(0, h - ch), random.randint(0, w - cw), ch, cw
-    return _central_box(h, w, ratio)
 
 
 def resize_hw(step: Step, h: int, w: int) -> tuple[int, int]:

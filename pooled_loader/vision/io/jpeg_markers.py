@@ -1,6 +1,6 @@
 """JPEG marker walking: the frame header (size, sampling, colour space) and the scan count.
 
-vision/decode.py picks a JPEG's decode route from a :class:`Frame`: the compiled decoder's
+vision/io/decode.py picks a JPEG's decode route from a :class:`Frame`: the compiled decoder's
 ``header()`` (libjpeg's jpeg_read_header) fills it where built, else :func:`frame` reads it
 here, not through simplejpeg's header call, which raises a bare ``KeyError`` for sampling that
 TurboJPEG names but simplejpeg does not (4:4:1) and refuses others (4x2). The colour space

@@ -2,10 +2,11 @@
 
 Every op maps an input :class:`Spec` (shape, dtype, layout) to its output spec, draws its random
 parameters (``draw``, from the worker-seeded ``random`` module, in pipeline order) and writes its
-result into ``out`` (``apply``); the contract lives in vision/base.py, and these ops import
-nothing above it. :class:`~pooled_loader.vision.Compose` sizes the buffers from the specs and fuses
-a resizing op with a following flip / ``ToCHW`` / ``Normalize`` into one
-``kernels.crop_resize_flip_chw`` call. Images are uint8 HWC (RGB) until ``ToCHW``.
+result into ``out`` (``apply``); the contract lives in vision/base.py (``Resampler``, the
+resizing ops' base, here), and these ops import nothing above vision/io/.
+:class:`~pooled_loader.vision.Compose` sizes the buffers from the specs and fuses a resizing op
+with a following flip / ``ToCHW`` / ``Normalize`` into one ``kernels.crop_resize_flip_chw`` call.
+Images are uint8 HWC (RGB) until ``ToCHW``.
 """
 from __future__ import annotations
 
@@ -15,12 +16,43 @@ from typing import Sequence
 
 import numpy as np
 
-from pooled_loader.vision.base import Box, Op, Resampler, Size, Spec  # noqa: F401  (re-exported)
+from pooled_loader.vision.base import Box, Op, Size, Spec  # noqa: F401  (re-exported)
 from pooled_loader.vision.base import hwc as _hwc
 from pooled_loader.vision.base import pair as _pair
+from pooled_loader.vision.io.kernels import resize_hwc
+from pooled_loader.vision.ops.crop_box import PYTHON_RANDOM, resized_crop_box
 
 
 # ---------------------------------------------------------------- resizing ops (fusable)
+
+class Resampler(Op):
+    """An op that resizes a box of its input: ``sample(h, w) -> (box, (out_h, out_w))``.
+
+    Alone it resizes with :func:`~pooled_loader.vision.io.kernels.resize_hwc`; in a ``Compose`` a
+    following flip / ``ToCHW`` / ``Normalize`` is fused into the same kernel call.
+    """
+
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        """Output (height, width) for an h x w input."""
+        raise NotImplementedError
+
+    def sample(self, h: int, w: int) -> tuple[Box, tuple[int, int]]:
+        """The box to resize (drawing from ``random`` if the op is random) and the output size."""
+        raise NotImplementedError
+
+    def spec(self, spec: Spec) -> Spec:
+        h, w, c = _hwc(spec, type(self).__name__)
+        if spec.dtype != np.uint8:
+            raise ValueError(f"{type(self).__name__} expects uint8, got {spec.dtype}")
+        return Spec((*self.out_hw(h, w), c), spec.dtype, "HWC")
+
+    def draw(self, spec: Spec) -> tuple[Box, tuple[int, int]]:
+        return self.sample(*spec.shape[:2])
+
+    def apply(self, x: np.ndarray, out: np.ndarray, params: object, spec: Spec) -> np.ndarray:
+        box, _ = params  # type: ignore[misc]
+        return resize_hwc(x, box, out)
+
 
 class RandomResizedCrop(Resampler):
     """Crop a random area/aspect box and resize it to ``size`` (torchvision's sampling).
@@ -42,24 +74,7 @@ class RandomResizedCrop(Resampler):
         """Sample a crop box of an h x w image; draws from ``random``."""
         if h < 1 or w < 1:
             raise ValueError(f"RandomResizedCrop: cannot crop an image without pixels ({w}x{h})")
-        area = h * w
-        for _ in range(10):
-            target_area = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*self._log_ratio))
-            cw = int(round(math.sqrt(target_area * aspect)))
-            ch = int(round(math.sqrt(target_area / aspect)))
-            if 0 < cw <= w and 0 < ch <= h:
-                y0 = random.randint(0, h - ch)
-                x0 = random.randint(0, w - cw)
-                return x0, y0, cw, ch
-        in_ratio = w / h  # fallback: centre crop with the aspect clamped into ratio
-        if in_ratio < self.ratio[0]:
-            cw, ch = w, int(round(w / self.ratio[0]))
-        elif in_ratio > self.ratio[1]:
-            cw, ch = int(round(h * self.ratio[1])), h
-        else:
-            cw, ch = w, h
-        return (w - cw) // 2, (h - ch) // 2, cw, ch
+        return resized_crop_box(h, w, self.scale, self._log_ratio, self.ratio, PYTHON_RANDOM)
 
     def out_hw(self, h: int, w: int) -> tuple[int, int]:
         return self.size
