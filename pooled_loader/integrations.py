@@ -72,7 +72,6 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from .core.errors import StateMismatch
-from .engine.sampler import encode_generator
 
 __all__ = ["patch_accelerate", "maybe_patch_accelerate"]
 
@@ -286,7 +285,8 @@ class _ResumableShard:
     def state_dict(self) -> dict:
         start = self._start
         if start is None:  # asked before the pass's first batch: where it will start
-            gen = self.batch_sampler.sampler.generator
+            from .engine.sampler import encode_generator  # here: `import pooled_loader` loads
+            gen = self.batch_sampler.sampler.generator  # this module, and nothing of engine/
             start = None if gen is None else {"generator": encode_generator(gen.get_state())}
         return {"pass": start, "batches": self._taken}
 
