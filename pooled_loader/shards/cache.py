@@ -75,6 +75,7 @@ from ..core.errors import SampleError, ShardIndexError
 from ..core.safe_open import (UnsafeFileError, create_exclusive, open_own, open_regular,
                         open_regular_stat, write_all)
 from .samples import INDEX_SUFFIX
+from .urls import local_path
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
@@ -120,7 +121,7 @@ def cache_key(url: str) -> str:
 def is_cacheable(url: str) -> bool:
     """Whether ``url`` goes through the cache: remote URLs, not local paths, ``file://`` or
     ``pipe:`` commands (whose size is never known before they have run)."""
-    return "://" in url and not url.startswith(("file://", "pipe:"))
+    return local_path(url) is None and not url.startswith("pipe:")
 
 
 def _touch(fd: int) -> None:

@@ -69,6 +69,7 @@ from ..core import constants
 from ..core.errors import SampleError
 from ..core.safe_open import UnsafeFileError, open_regular_stat
 from . import deadlines
+from .urls import local_path
 
 __all__ = ["open_shard", "RemoteReadError", "IO_STATS", "RETRIES", "BACKOFF_S", "is_seekable_url"]
 
@@ -221,17 +222,11 @@ def _open_fsspec(url: str, offset: int, timeout: float, end: Optional[int] = Non
 def _opener(url: str) -> Callable[..., _Opened]:
     if url.startswith("pipe:"):
         return _open_pipe
-    scheme = urllib.parse.urlsplit(url).scheme if "://" in url else ""
-    if scheme in ("http", "https"):
+    if local_path(url) is not None:
+        return lambda u, off, t, end=None, deadline=None: _open_local(local_path(u), off, t)
+    if urllib.parse.urlsplit(url).scheme in ("http", "https"):
         return _open_http
-    if scheme in ("", "file"):
-        return lambda u, off, t, end=None, deadline=None: _open_local(_local_path(u), off, t)
     return _open_fsspec
-
-
-def _local_path(url: str) -> str:
-    return urllib.request.url2pathname(urllib.parse.urlsplit(url).path) if url.startswith(
-        "file://") else url
 
 
 def is_seekable_url(url: str) -> bool:
