@@ -16,10 +16,10 @@ an iterable source's iterator stands (restarts, items taken this pass, its own `
 
 Elastic: :func:`merge_mix_states` turns the states of every slot of one epoch into one *merged*
 state that appends a round ``{"slots", "batch", "passed": {slot: count}}`` to the plan; a slot that
-loads it reads its share of the positions no earlier slot passed (``mix_order.rest_after``). An
+loads it reads its share of the positions no earlier slot passed (``order.rest_after``). An
 iterable source is split by its own (rank, worker) mechanism, so which of its items a slot holds
 does not follow from the positions: its slots' own states are merged by its own elastic merge
-(``wds_elastic.merge_stream_states``: a WebDataset in counted mode lists its remaining samples),
+(``shards.elastic.merge_stream_states``: a WebDataset in counted mode lists its remaining samples),
 and each slot of the resumed mix reads a contiguous piece of those (:func:`slot_source_state`),
 none left out; a source without such a state makes the mix unmergeable (the merge names it).
 
@@ -41,7 +41,7 @@ FORMAT = "pooled_loader.mix/1"
 MERGED = "pooled_loader.mix.merged/1"
 MAX_ROUNDS = 64  # elastic resumes within one epoch; bounds what a (hostile) state can replay
 MAX_SLOTS = 1 << 20  # ranks x workers
-MAX_RUNS_OF_SOURCE = 1 << 24  # runs of an iterable source's merged state (wds_elastic.MAX_RUNS)
+MAX_RUNS_OF_SOURCE = 1 << 24  # runs of an iterable source's merged state (shards.elastic.MAX_RUNS)
 MAX_COUNT = 1 << 53  # any position or count: beyond it floats (JSON) are no longer exact
 SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "drop_last",
         "iterable")
@@ -88,18 +88,18 @@ def check_schedule(state: dict, names: Sequence[str], c: StateChecks = CHECKS) -
         key = f"schedule[{k}]"
         if not isinstance(entry, list) or len(entry) != 2:
             raise c.bad(key, "should be [from_epoch, weights or null]")
-        epoch = entry[0]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= last \
-                or epoch > MAX_COUNT or (k == 0 and epoch != 0):
-            raise c.bad(key, f"has from_epoch {epoch!r:.40}: epochs must increase from 0")
-        last = epoch
+        first = entry[0]
+        if isinstance(first, bool) or not isinstance(first, int) or first <= last \
+                or first > MAX_COUNT or (k == 0 and first != 0):
+            raise c.bad(key, f"has from_epoch {first!r:.40}: epochs must increase from 0")
+        last = first
         weights = None
         if entry[1] is not None:
             try:
                 weights = check_weights(entry[1], names, "Mix state")
             except ValueError as exc:
                 raise c.bad(key, str(exc)) from None
-        out.append([epoch, weights])
+        out.append([first, weights])
     return out
 
 

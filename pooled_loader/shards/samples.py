@@ -101,7 +101,7 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
     and skipping whole samples). ``end``: read no byte from there on. ``size``: the shard's
     size as its index records it; a shard (or server) that reports another raises
     ``ShardIndexError``. ``max_sample_bytes``: the most member data one sample may hold
-    (default ``constants.MAX_SAMPLE_BYTES``), checked from the headers before a member's data
+    (default ``core.constants.MAX_SAMPLE_BYTES``), checked from the headers before a member's data
     is read. Other errors propagate."""
     base = offset or 0
     bound = MAX_SAMPLE_BYTES if max_sample_bytes is None else max_sample_bytes

@@ -3,7 +3,7 @@ expansion (``data-{0000..0099}.tar``, ``{train,val}``), as WebDataset reads them
 member-name split ``base_plus_ext`` that groups a tar's members into samples.
 
 Why here and not ``webdataset``'s: these two small functions are all the shard readers need from
-that package, and importing it at the top of ``shard_samples`` made ``pooled_loader.vision``
+that package, and importing it at the top of ``shards.samples`` made ``pooled_loader.vision``
 (through the class check) fail on a machine without it. Braces are expanded by ``braceexpand``
 (a small pure-Python core dependency, the one WebDataset itself uses, so a pattern names the same
 shards in both); the rest is written from WebDataset's documented behaviour and compared with it
