@@ -90,7 +90,6 @@ class Order:
         self.sizes, self.weights, self.static = list(sizes), weights, static
         self.stop, self.limit, self.batch = stop, limit, batch
         self.active = np.ones(len(self.sizes), dtype=bool)
-        self.ended_by: int | None = None  # the source whose end ended a "first_exhausted" epoch
 
     def _segment_end(self, g: int, end: int) -> tuple[int, np.ndarray]:
         """(end of the run of positions from `g` whose weights equal those at `g`, weights)."""
@@ -141,7 +140,6 @@ class Order:
             g += cut
             if cut < len(src):  # position g draws a source that has no item left
                 if self.stop == "first_exhausted":
-                    self.ended_by = int(src[cut])
                     return
                 active[src[cut]] = False
 

@@ -46,7 +46,6 @@ class TraceRecorder:
         self.batches: collections.deque = collections.deque(maxlen=batches)  # (track, spans)
         self.main: collections.deque = collections.deque(maxlen=batches * MAIN_SPANS_PER_BATCH)
         self.remaining = limit  # loader.trace(): batches still to record; None: keep going
-        self.written = False
 
     @property
     def active(self) -> bool:
@@ -109,5 +108,4 @@ class TraceRecorder:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self.written = True
         return self.path
