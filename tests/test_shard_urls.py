@@ -2,11 +2,21 @@
 issue 34, so the shard readers need no `webdataset`), and a hostile pattern is bounded."""
 from __future__ import annotations
 
+import io
 import itertools
+import os
+import tarfile
+import urllib.parse
 
 import pytest
 
-from pooled_loader.shards.urls import MAX_EXPANDED_URLS, base_plus_ext, expand_urls
+from pooled_loader.shards import samples
+from pooled_loader.shards.cache import ShardCache, is_cacheable
+from pooled_loader.shards.index import INDEX_SUFFIX, load_index
+from pooled_loader.shards.samples import count_samples, is_local_tar, local_sample_offset
+from pooled_loader.shards.urls import MAX_EXPANDED_URLS, base_plus_ext, expand_urls, local_path
+from pooled_loader.shards.webdataset import WebDataset
+from pooled_loader.shards.writer import main as shards_cli
 
 PATTERNS = ["data-{0000..0012}.tar", "a.tar::b-{1..3}.tar", "{train,val}/s-{00..02}.tar",
             "s-{0..10..3}.tar", "s-{a..e}.tar", "plain.tar", "s-{10..1}.tar", "x{a}.tar",
@@ -51,3 +61,40 @@ def test_member_names_split_into_key_and_extension_as_webdataset_splits_them():
             assert base_plus_ext(name) == tariterators.base_plus_ext(name), repr(name)
     assert base_plus_ext("dir/x.seg.png") == ("dir/x", "seg.png")
     assert base_plus_ext("x") == (None, None)
+
+
+def _tar(path, ids):
+    """A plain tar shard with one ``.txt`` member per sample (key ``%06d``, data the id)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in ids:
+            info = tarfile.TarInfo(f"{i:06d}.txt")
+            info.size, info.mtime = len(str(i)), 0
+            tar.addfile(info, io.BytesIO(str(i).encode()))
+    return path
+
+
+def test_a_file_url_names_its_percent_decoded_path_for_every_reader(tmp_path, monkeypatch):
+    # RFC 8089: file:///a%20b.tar is the file "/a b.tar", for the reader, the counter, the index
+    # CLI, the index lookup, the seek and the shard cache alike (they used to disagree).
+    paths = [_tar(str(tmp_path / "with space" / f"s {k}.tar"), range(3 * k, 3 * k + 3))
+             for k in range(2)]
+    urls = ["file://" + urllib.parse.quote(p) for p in paths]
+    assert "%20" in urls[0] and local_path(urls[0]) == paths[0]
+    assert local_path(paths[0]) == paths[0]  # a plain path is itself, never decoded
+    assert local_path("s%20x.tar") == "s%20x.tar"
+    assert [local_path(u) for u in ("pipe:cat a.tar", "http://h/a.tar", "s3://b/a.tar")] == \
+        [None] * 3
+    assert shards_cli(["index", urls[0]]) == 0  # written beside the path the URL names
+    assert os.path.isfile(paths[0] + INDEX_SUFFIX)
+    assert shards_cli(["index", paths[1]]) == 0
+    assert load_index(urls[0]) == load_index(paths[0])  # and found there
+    monkeypatch.setattr(samples, "COUNT_CACHE", {})
+    assert is_local_tar(urls[1]) and count_samples(urls[1]) == 3
+    assert count_samples(paths[1]) == 3 and len(samples.COUNT_CACHE) == 1  # one entry, one file
+    assert local_sample_offset(urls[1], 2) == local_sample_offset(paths[1], 2) == 2 * 1024
+    assert [int(s["txt"]) for s in WebDataset(urls, shuffle_shards=False)] == list(range(6))
+    assert sorted(int(s["txt"]) for s in WebDataset(urls, shuffle="global")) == list(range(6))
+    assert not is_cacheable(urls[0]) and is_cacheable("http://h/a%20b.tar")
+    with ShardCache(str(tmp_path / "cache")).reading(urls[0]) as read_from:
+        assert read_from == urls[0]  # read in place, never copied

@@ -1,7 +1,8 @@
 """Weighted, resumable mixing of datasets: the dataset (dataset), its order (order) and its
 checkpoint state (state).
 
-Imports core/ and observability/.
+Imports core/, observability/ and shards/ (``shards.elastic``: an iterable source's elastic
+merge, in ``state``).
 
 ``pooled_loader.mix`` is a public import path: it re-exports ``pooled_loader.mix.dataset`` (the
 module it was before the regroup)."""

@@ -7,7 +7,7 @@ no indices to sample, and a dataset plugs into what the loader already has: work
 protocol (its ``state_dict()`` rides on each worker's batch messages), skips through
 ``pop_skips()``, per-source read time through the stage clock (stages ``mix:<name>``).
 
-The order (``mix_order``): the source drawn at each global position of an epoch is a pure function
+The order (``mix.order``): the source drawn at each global position of an epoch is a pure function
 of (seed, epoch, position, weights in force), the same for 0 or N workers and any number of
 ranks. A (rank, worker) slot reads whole blocks of ``batch_size`` positions in turn; by default
 that is the loader's batch size (``PooledLoader`` tells the mix, ``pooled_batch_size``), so every
@@ -23,7 +23,7 @@ Within a source:
   gives at a position depends on its own split (so on the number of slots), and its exhaustion
   is the slot's own. Resume on the same world size and workers is exact (its ``state_dict()``,
   or skipping the items taken); an elastic merge merges the source's own states (a WebDataset's
-  remaining samples, ``mix_state``), and refuses a source without one, naming it.
+  remaining samples, ``mix.state``), and refuses a source without one, naming it.
 
 Ranks: every rank yields as many batches (``drop_last``: pad with the epoch's first positions,
 cut, or None: uneven), which needs the epoch's length: known to every slot for map-style sources
@@ -36,7 +36,7 @@ Stop modes: ``"first_exhausted"`` ends the epoch at the first draw of a source w
 ``on_error="skip"`` is counted (``stats()["mix"]``, ``stats()["skipped"]``) and its position
 gives no sample: the others keep their draws.
 
-Imports: ``mix_order``, ``mix_state``, ``distributed``, ``seeds``, ``stages``, ``stateful``.
+Imports: ``order``, ``state``, ``core`` (ranks, seeds, stateful, errors), ``observability.stages``.
 """
 from __future__ import annotations
 
@@ -151,41 +151,41 @@ class Mix(IterableDataset):
         any set for that epoch or later. Recorded in the state, so a resume continues with the
         weights in force. Persistent workers get the schedule with each new epoch (a callable
         set after they started must pickle: a module-level function)."""
-        epoch = self.epoch if from_epoch is None else from_epoch
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"Mix.set_weights: from_epoch must be an integer >= 0, got {epoch!r}")
+        first = self.epoch if from_epoch is None else from_epoch
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"Mix.set_weights: from_epoch must be an integer >= 0, got {first!r}")
         if not callable(weights):
             weights = check_weights(dict(weights) if isinstance(weights, Mapping) else weights,
                                     self.names, "Mix")
-        self._schedule = [e for e in self._schedule if e[0] < epoch] + [[epoch, weights]]
+        self._schedule = [e for e in self._schedule if e[0] < first] + [[first, weights]]
 
     def pooled_epoch(self) -> dict:
         """What `PooledLoader` sends persistent workers with each new epoch: the weight
         schedule (`pooled_load_epoch` takes it there), so a `set_weights` between epochs reaches
         them. A callable that does not pickle (a lambda) travels as a marker that raises."""
         schedule = []
-        for epoch, weights in self._schedule:
+        for first, weights in self._schedule:
             if callable(weights):
                 try:
                     pickle.dumps(weights)
                 except Exception:  # noqa: BLE001 - any pickling failure: it cannot travel
-                    weights = _Unsent(epoch)
-            schedule.append([epoch, weights])
+                    weights = _Unsent(first)
+            schedule.append([first, weights])
         return {"schedule": schedule}
 
     def pooled_load_epoch(self, payload: dict) -> None:
         """In a persistent worker: take the main process's weight schedule (`pooled_epoch`)."""
         schedule = []
-        for epoch, weights in payload["schedule"]:
+        for first, weights in payload["schedule"]:
             if isinstance(weights, _Unsent):  # this worker's own (inherited) callable, if any
-                mine = [w for e, w in self._schedule if e == epoch]
+                mine = [w for e, w in self._schedule if e == first]
                 weights = mine[0] if mine and callable(mine[0]) else weights
-            schedule.append([epoch, weights])
+            schedule.append([first, weights])
         self._schedule = schedule
 
     def weights_at(self, epoch: int) -> Any:
-        """The weights (dict or callable) in force at `epoch`."""
-        return [w for e, w in self._schedule if e <= epoch][-1]
+        """The weights (dict or callable) in force at `epoch`: the last set from it or before."""
+        return [w for first, w in self._schedule if first <= epoch][-1]
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (forwarded by `PooledLoader.set_epoch`) and pass it to the sources."""
@@ -272,13 +272,13 @@ class Mix(IterableDataset):
 
     def _adopt_schedule(self, state: dict) -> None:
         schedule = []
-        for epoch, weights in state["schedule"]:
+        for first, weights in state["schedule"]:
             if weights is None:
-                weights = self.weights_at(epoch)
+                weights = self.weights_at(first)
                 if not callable(weights):
-                    raise ValueError(f"Mix state: the weights of epoch {epoch} were a callable: "
+                    raise ValueError(f"Mix state: the weights of epoch {first} were a callable: "
                                      f"pass the same callable to Mix or set_weights")
-            schedule.append([epoch, weights])
+            schedule.append([first, weights])
         self._schedule = schedule
 
     def pooled_check_states(self, states: list) -> None:
@@ -317,11 +317,11 @@ class _Unsent:
     """The weights of an epoch that were a callable that does not pickle, in a persistent
     worker that could not be sent it: calling it says what to do."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, from_epoch: int) -> None:
+        self.from_epoch = from_epoch
 
     def __call__(self, step: int) -> dict:
-        raise ValueError(f"Mix: the weights set for epoch {self.epoch} are a callable that "
+        raise ValueError(f"Mix: the weights set for epoch {self.from_epoch} are a callable that "
                          f"does not pickle (a lambda?), so persistent workers cannot get it: "
                          f"pass a module-level function, or set it before the workers start")
 
@@ -411,7 +411,7 @@ class _Stream:
     def _mine(self, order: Order) -> Iterator[tuple[list, list, list, list]]:
         """(positions, sources, draw numbers, item indices (map-style; -1: iterable)) of this
         slot's share, chunk by chunk, in order: whole blocks of the *rest* (the positions no
-        earlier round passed, `mix_order.rest_after`), cut or padded so that every rank gets as
+        earlier round passed, `order.rest_after`), cut or padded so that every rank gets as
         many blocks (`Mix.drop_last`)."""
         b, slots, slot = self.mix.batch_size, self.slots, self.slot
         rest, bound = rest_prefix(self.rounds)  # the rest below `bound`; all of it above

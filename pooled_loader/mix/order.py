@@ -20,7 +20,7 @@ its workers' batches in turn, hands rank ``r`` blocks ``r, r + R, r + 2R, ...`` 
 workers. An elastic resume (:func:`rest_after`) replaces "all positions" by the positions no
 slot of the earlier rounds passed, dealt in blocks the same way.
 
-Imports: numpy and ``seeds`` only.
+Imports: numpy and ``core.seeds`` only.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ _U53 = float(2 ** -53)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
-    """`seeds.splitmix64`, elementwise on uint64 (wrapping arithmetic)."""
+    """`core.seeds.splitmix64`, elementwise on uint64 (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
         x = x + np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -50,7 +50,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def epoch_key(seed: int, epoch: int, salt: int = 0) -> int:
-    """A 64-bit key for (seed, epoch, salt): chained splitmix64, as `seeds.sample_seed`."""
+    """A 64-bit key for (seed, epoch, salt): chained splitmix64, as `core.seeds.sample_seed`."""
     x = splitmix64(seed & _MASK64)
     x = splitmix64(x ^ (epoch & _MASK64))
     return splitmix64(x ^ (salt & _MASK64))
@@ -90,7 +90,6 @@ class Order:
         self.sizes, self.weights, self.static = list(sizes), weights, static
         self.stop, self.limit, self.batch = stop, limit, batch
         self.active = np.ones(len(self.sizes), dtype=bool)
-        self.ended_by: int | None = None  # the source whose end ended a "first_exhausted" epoch
 
     def _segment_end(self, g: int, end: int) -> tuple[int, np.ndarray]:
         """(end of the run of positions from `g` whose weights equal those at `g`, weights)."""
@@ -141,7 +140,6 @@ class Order:
             g += cut
             if cut < len(src):  # position g draws a source that has no item left
                 if self.stop == "first_exhausted":
-                    self.ended_by = int(src[cut])
                     return
                 active[src[cut]] = False
 

@@ -16,21 +16,23 @@ an iterable source's iterator stands (restarts, items taken this pass, its own `
 
 Elastic: :func:`merge_mix_states` turns the states of every slot of one epoch into one *merged*
 state that appends a round ``{"slots", "batch", "passed": {slot: count}}`` to the plan; a slot that
-loads it reads its share of the positions no earlier slot passed (``mix_order.rest_after``). An
+loads it reads its share of the positions no earlier slot passed (``order.rest_after``). An
 iterable source is split by its own (rank, worker) mechanism, so which of its items a slot holds
 does not follow from the positions: its slots' own states are merged by its own elastic merge
-(``wds_elastic.merge_stream_states``: a WebDataset in counted mode lists its remaining samples),
+(``shards.elastic.merge_stream_states``: a WebDataset in counted mode lists its remaining samples),
 and each slot of the resumed mix reads a contiguous piece of those (:func:`slot_source_state`),
 none left out; a source without such a state makes the mix unmergeable (the merge names it).
 
-Every number read from a state is checked (type and range) and a bad one raises ValueError naming
-its key. Imports ``wds_elastic`` only (``elastic.py`` imports this module for the merge).
+Every number read from a state is checked (type and range) by ``core.state_checks`` and a bad one
+raises ``StateMismatch`` (a ValueError) naming its dotted key. Imports ``core.state_checks`` and
+``shards.elastic`` only (``resume/elastic.py`` imports this module for the merge).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
 
+from ..core.state_checks import StateChecks
 from ..shards.elastic import RUNS, merge_stream_states, take_runs
 
 __all__ = ["FORMAT", "MERGED", "check_state", "merge_mix_states", "account", "is_mix_state"]
@@ -39,7 +41,7 @@ FORMAT = "pooled_loader.mix/1"
 MERGED = "pooled_loader.mix.merged/1"
 MAX_ROUNDS = 64  # elastic resumes within one epoch; bounds what a (hostile) state can replay
 MAX_SLOTS = 1 << 20  # ranks x workers
-MAX_RUNS_OF_SOURCE = 1 << 24  # runs of an iterable source's merged state (wds_elastic.MAX_RUNS)
+MAX_RUNS_OF_SOURCE = 1 << 24  # runs of an iterable source's merged state (shards.elastic.MAX_RUNS)
 MAX_COUNT = 1 << 53  # any position or count: beyond it floats (JSON) are no longer exact
 SAME = ("sources", "seed", "stop", "samples_per_epoch", "batch_size", "shuffle", "drop_last",
         "iterable")
@@ -53,33 +55,10 @@ def is_mix_state(state: Any) -> bool:
     return isinstance(state, dict) and state.get("format") in (FORMAT, MERGED)
 
 
-def _bad(key: str, message: str) -> ValueError:
-    return ValueError(f"Mix state is corrupt: '{key}' {message}. Pass a state saved by "
-                      f"PooledLoader.state_dict() with this Mix (a JSON round trip is fine).")
-
-
-def _int(state: dict, key: str, most: int = MAX_COUNT, least: int = 0, where: str = "") -> int:
-    """The integer at dotted `key` of `state` (at `where` in the whole state), in least..most."""
-    value = _at(state, key, where)
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise _bad(where + key, f"should be an integer in {least}..{most}, got {value!r:.80}")
-    return value
-
-
-def _at(state: Any, key: str, where: str = "") -> Any:
-    node = state
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise _bad(where + key, "is missing")
-        node = node[part]
-    return node
-
-
-def _bool(state: dict, key: str) -> bool:
-    value = _at(state, key)
-    if not isinstance(value, bool):
-        raise _bad(key, f"should be true or false, got {value!r:.80}")
-    return value
+FIX = "pass a state saved by PooledLoader.state_dict() with this Mix (a JSON round trip is fine)"
+CHECKS = StateChecks("Mix state", fix=FIX)
+"""The checks of a slot's or a merged state loaded by a Mix (``core.state_checks``: each bad
+key named by its dotted path)."""
 
 
 def check_weights(weights: Any, names: Sequence[str], where: str) -> dict[str, float]:
@@ -100,116 +79,123 @@ def check_weights(weights: Any, names: Sequence[str], where: str) -> dict[str, f
     return out
 
 
-def check_schedule(state: dict, names: Sequence[str]) -> list:
-    value = _at(state, "schedule")
-    if not isinstance(value, list) or not 1 <= len(value) <= 4096:
-        raise _bad("schedule", "should be a list of [from_epoch, weights]")
+def check_schedule(state: dict, names: Sequence[str], c: StateChecks = CHECKS) -> list:
+    value = c.list_value(c.get(state, "schedule"), "schedule", 4096)
+    if not value:
+        raise c.bad("schedule", "should be a list of [from_epoch, weights], not empty")
     out, last = [], -1
     for k, entry in enumerate(value):
         key = f"schedule[{k}]"
         if not isinstance(entry, list) or len(entry) != 2:
-            raise _bad(key, "should be [from_epoch, weights or null]")
-        epoch = entry[0]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= last \
-                or epoch > MAX_COUNT or (k == 0 and epoch != 0):
-            raise _bad(key, f"has from_epoch {epoch!r:.40}: epochs must increase from 0")
-        last = epoch
+            raise c.bad(key, "should be [from_epoch, weights or null]")
+        first = entry[0]
+        if isinstance(first, bool) or not isinstance(first, int) or first <= last \
+                or first > MAX_COUNT or (k == 0 and first != 0):
+            raise c.bad(key, f"has from_epoch {first!r:.40}: epochs must increase from 0")
+        last = first
         weights = None
         if entry[1] is not None:
             try:
                 weights = check_weights(entry[1], names, "Mix state")
             except ValueError as exc:
-                raise _bad(key, str(exc)) from None
-        out.append([epoch, weights])
+                raise c.bad(key, str(exc)) from None
+        out.append([first, weights])
     return out
 
 
-def check_rounds(state: dict) -> list[dict]:
-    rounds = _at(state, "rounds")
-    if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
-        raise _bad("rounds", f"should be a list of at most {MAX_ROUNDS} rounds")
+def check_rounds(state: dict, c: StateChecks = CHECKS) -> list[dict]:
+    rounds = c.list_value(c.get(state, "rounds"), "rounds", MAX_ROUNDS)
     for k, round_ in enumerate(rounds):
-        key = f"rounds[{k}]"
+        r = c.at(f"rounds[{k}].")
         if not isinstance(round_, dict):
-            raise _bad(key, "should be {slots, batch, passed}")
-        slots = _int(round_, "slots", MAX_SLOTS, 1, f"{key}.")
-        _int(round_, "batch", MAX_COUNT, 1, f"{key}.")
+            raise r.bad("", "should be {slots, batch, passed}")
+        slots = r.integer(round_, "slots", 1, MAX_SLOTS)
+        r.integer(round_, "batch", 1, MAX_COUNT)
         passed = round_.get("passed")
         if not isinstance(passed, dict) or len(passed) > slots:
-            raise _bad(f"{key}.passed", "should map each slot to its count")
+            raise r.bad("passed", "should map each slot to its count")
         for slot, count in passed.items():
             if not (isinstance(slot, str) and slot.isdigit() and int(slot) < slots):
-                raise _bad(f"{key}.passed", f"names slot {slot!r:.20} of {slots}")
-            _int(passed, slot, where=f"{key}.passed.")
+                raise r.bad("passed", f"names slot {slot!r:.20} of {slots}")
+            r.count_value(count, f"passed.{slot}", MAX_COUNT)
     return rounds
 
 
-def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None) -> dict:
+def check_state(state: Any, mine: dict, slot: tuple[int, int, int, int] | None,
+                c: StateChecks = CHECKS) -> dict:
     """`state` validated against this mix's configuration `mine` (the SAME keys) and, for a
-    slot's own state, `slot` = (rank, world_size, worker, num_workers). Returns it."""
+    slot's own state, `slot` = (rank, world_size, worker, num_workers). Returns it. A bad value
+    raises `StateMismatch` (a ValueError) naming its key; `c` says whose state it is."""
     if not isinstance(state, dict):
         raise ValueError(f"Mix state must be a dict, got {type(state).__name__}")
     fmt = state.get("format")
     if fmt not in (FORMAT, MERGED):
-        raise _bad("format", f"is {fmt!r:.60}, expected {FORMAT!r} or {MERGED!r}")
+        raise c.bad("format", f"is {fmt!r:.60}, expected {FORMAT!r} or {MERGED!r}")
     for key in SAME:
         if key == "drop_last" and key not in state:
             continue  # saved before Mix had drop_last: its positions read the same
-        if _at(state, key) != mine[key]:
+        if c.get(state, key) != mine[key]:
             raise ValueError(f"Mix state does not fit this Mix: it was saved with {key}="
                              f"{state[key]!r:.120}, this Mix has {key}={mine[key]!r:.120}")
     names = mine["sources"]
-    _int(state, "epoch")
-    check_schedule(state, names)
-    check_rounds(state)
-    per = _at(state, "per_source")
+    c.count(state, "epoch", MAX_COUNT)
+    check_schedule(state, names, c)
+    check_rounds(state, c)
+    per = c.get(state, "per_source")
     if not isinstance(per, dict) or set(per) != set(names):
-        raise _bad("per_source", f"should hold one entry per source ({names})")
+        raise c.bad("per_source", f"should hold one entry per source ({names})")
+    sources = {name: c.at(f"per_source.{name}.") for name in names}  # a name may hold a dot
+    for name, s in sources.items():
+        s.dict_value(per[name], "")
     if fmt == MERGED:
-        for name in names:
+        for name, s in sources.items():
             for count in ("samples", "tokens", "failed"):
-                _int(state, f"per_source.{name}.{count}")
+                s.count(per[name], count, MAX_COUNT)
         for name in mine["iterable"]:
-            check_source_runs(state, name)
+            check_source_runs(state, name, c)
         return state
-    here = (_int(state, "rank", MAX_SLOTS - 1), _int(state, "world_size", MAX_SLOTS, 1),
-            _int(state, "worker", MAX_SLOTS - 1), _int(state, "num_workers", MAX_SLOTS, 1))
+    here = (c.count(state, "rank", MAX_SLOTS - 1), c.integer(state, "world_size", 1, MAX_SLOTS),
+            c.count(state, "worker", MAX_SLOTS - 1),
+            c.integer(state, "num_workers", 1, MAX_SLOTS))
     if slot is not None and here != slot:
         raise ValueError(f"Mix state does not fit this slot: it is rank {here[0]} of {here[1]}, "
                          f"worker {here[2]} of {here[3]}; this is rank {slot[0]} of {slot[1]}, "
                          f"worker {slot[2]} of {slot[3]}. Resume on the same world size and "
                          f"num_workers, or merge every rank's state (merge_rank_states)")
-    passed = _int(state, "passed")
+    passed = c.count(state, "passed", MAX_COUNT)
     if mine["samples_per_epoch"] is not None and passed > mine["samples_per_epoch"]:
-        raise _bad("passed", f"is {passed}, more than samples_per_epoch")
-    _bool(state, "ended")
-    for name in names:
-        key = f"per_source.{name}"
+        raise c.bad("passed", f"is {passed}, more than samples_per_epoch")
+    c.flag(state, "ended")
+    for name, s in sources.items():
         for count in COUNTS:
-            _int(state, f"{key}.{count}")
+            s.count(per[name], count, MAX_COUNT)
         for count in ("items", "passes"):  # each item or restart took one of its positions
-            if state["per_source"][name][count] > passed:
-                raise _bad(f"{key}.{count}", f"is more than the {passed} positions passed")
-        _bool(state, f"{key}.exhausted")
-        _at(state, f"{key}.state")
+            if per[name][count] > passed:
+                raise s.bad(count, f"is more than the {passed} positions passed")
+        s.flag(per[name], "exhausted")
+        s.get(per[name], "state")
     return state
 
 
 # -- elastic --------------------------------------------------------------------------------------
-def merge_mix_states(states: Sequence[dict]) -> dict:
+def merge_mix_states(states: Sequence[dict],
+                     checks: Sequence[StateChecks] | None = None) -> dict:
     """One merged state for the rest of an epoch, from the states of all its (rank, worker)
-    slots (a pure function). Raises ValueError naming what differs or is missing, or the
-    iterable sources that make the mix unmergeable."""
+    slots (a pure function). Raises ValueError naming what differs or is missing, the key that
+    is malformed (``checks[k]``: how to name state ``k``'s keys), or the iterable sources that
+    make the mix unmergeable."""
     if not states:
         raise ValueError("merge_mix_states: no state given")
+    checks = checks or [StateChecks(f"merge_mix_states: state {k}", fix=FIX)
+                        for k in range(len(states))]
     first = states[0]
     for k, state in enumerate(states):
         if not is_mix_state(state) or state.get("format") != FORMAT:
             raise ValueError(f"merge_mix_states: state {k} is not a Mix slot's state")
     mine = {key: first.get(key) for key in SAME}
     slots, world, workers = {}, first.get("world_size"), first.get("num_workers")
-    for k, state in enumerate(states):
-        check_state(state, mine, None)
+    for k, (state, c) in enumerate(zip(states, checks)):
+        check_state(state, mine, None, c)
         for key in ("epoch", "schedule", "rounds", "world_size", "num_workers"):
             if state[key] != first[key]:
                 raise ValueError(f"merge_mix_states: state {k} has {key}={state[key]!r:.80}, "
@@ -253,17 +239,16 @@ def _merge_source(name: str, states: list) -> dict:
         raise ValueError(f"merge_mix_states: source {name!r}: {exc}") from None
 
 
-def check_source_runs(state: dict, name: str) -> list:
+def check_source_runs(state: dict, name: str, c: StateChecks = CHECKS) -> list:
     """The runs (``[shard, first, count]``) of iterable source `name` in a merged state."""
-    key = f"per_source.{name}.state.runs"
-    runs = _at(state, key)
-    if not isinstance(runs, list) or len(runs) > MAX_RUNS_OF_SOURCE:
-        raise _bad(key, f"should be a list of at most {MAX_RUNS_OF_SOURCE} runs")
+    s = c.at(f"per_source.{name}.")
+    key = "state.runs"
+    runs = s.list_value(s.get(state["per_source"][name], key), key, MAX_RUNS_OF_SOURCE)
     for k, run in enumerate(runs):
         if not (isinstance(run, list) and len(run) == 3 and all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
                 for v in run)):
-            raise _bad(f"{key}[{k}]", "should be [shard, first sample, count]")
+            raise s.bad(f"{key}[{k}]", "should be [shard, first sample, count]")
     return runs
 
 

@@ -1,7 +1,7 @@
 """Per-stage timings inside the process that builds batches (a worker, or the main process with
 ``num_workers=0``): always on, a few ``perf_counter_ns`` calls per sample.
 
-``CLOCK`` is this process's one ``StageClock``. ``worker.BatchMaker`` times the dataset's
+``CLOCK`` is this process's one ``StageClock``. ``engine.worker.BatchMaker`` times the dataset's
 ``__getitem__`` (or ``next()`` of an iterable dataset), writing rows into the slot ("collate")
 and waiting for a bigger slot ("slot_wait"; "slot_sizing" the first time, when the pool sizes
 its slots from the first batch); ``vision.compose.Compose`` times each of its stages
@@ -9,8 +9,8 @@ its slots from the first batch); ``vision.compose.Compose`` times each of its st
 so ``BatchMaker`` books ``getitem`` as its time minus theirs (``nested_ns``): the stages of a batch
 do not overlap and add up to the worker's busy time.
 
-A batch's figures travel to the main process on its ``messages.Done`` (``stages``: seconds per
-stage; ``spans`` only while a trace is recorded, see ``trace.py``): no extra messages.
+A batch's figures travel to the main process on its ``engine.messages.Done`` (``stages``:
+seconds per stage; ``spans`` only while a trace is recorded, see ``trace.py``): no extra messages.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ class StageClock:
         return call
 
     def collating(self) -> "Collating":
-        """The timer of one default collate (``slot_collate.SlotCollate._collate``), starting now."""
+        """The timer of one default collate, starting now
+        (``engine.slot_collate.SlotCollate._collate``)."""
         return Collating(self)
 
     def finish(self, getitem_ns: int, start_ns: int,

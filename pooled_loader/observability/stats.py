@@ -2,10 +2,10 @@
 verdict that ``PooledLoader.stats()`` and ``report()`` make of them.
 
 Iterators count (batches, samples, bytes, seconds waited for data and spent in the training
-loop, seconds issuing copies to the GPU, each worker's busy seconds); each ``messages.Done``
+loop, seconds issuing copies to the GPU, each worker's busy seconds); each ``engine.messages.Done``
 brings its worker's seconds per stage for that batch (``stages.py``), added up here per worker.
 The loader adds the pool's own figures. The verdict compares the share of time the training
-loop waited with ``constants.BOTTLENECK_WAIT_SHARE`` and names the slowest stage with its fix.
+loop waited with ``core.constants.BOTTLENECK_WAIT_SHARE`` and names the slowest stage with its fix.
 
 Across ranks, :func:`gather` (collective: every rank calls it) collects every rank's figures;
 ``report()`` then names the straggler ranks: one slow rank stalls every DDP step.

@@ -6,12 +6,12 @@ and (re)writes the file at the end of every epoch and at ``close()``;
 ``loader.trace(path, batches=N)`` records the next N batches and writes ``path`` once they are
 delivered (or at the epoch's end, or ``close()``, if that comes first).
 
-While a trace is recorded, each ``messages.Task`` asks its worker for spans, which come back on
-the batch's ``Done`` (see ``stages.py``): the worker's "batch" span and, inside it, per sample,
+While a trace is recorded, each ``engine.messages.Task`` asks its worker for spans, which come back
+on the batch's ``Done`` (see ``stages.py``): the worker's "batch" span and, inside it, per sample,
 "getitem" (with the vision ops it ran nested in it: "decode", "crop_resize", ...) and "collate";
 "slot_wait" when it waited for a bigger slot. The main process adds "wait" (the training loop
-waiting for a batch), "step" (the loop's time between batches) and "h2d" (copies to the GPU).
-Every process reads the same monotonic clock (``perf_counter_ns``), so the tracks line up.
+waiting for a batch), "step" (the loop's time between batches) and "h2d" (copies to the GPU). Every
+process reads the same monotonic clock (``perf_counter_ns``), so the tracks line up.
 
 Layout of the file: one process ("pooled_loader"), one thread track per worker ("worker k",
 tid k + 1) and one for the main process ("main", tid 0); spans are complete events (``"ph":
@@ -46,7 +46,6 @@ class TraceRecorder:
         self.batches: collections.deque = collections.deque(maxlen=batches)  # (track, spans)
         self.main: collections.deque = collections.deque(maxlen=batches * MAIN_SPANS_PER_BATCH)
         self.remaining = limit  # loader.trace(): batches still to record; None: keep going
-        self.written = False
 
     @property
     def active(self) -> bool:
@@ -109,5 +108,4 @@ class TraceRecorder:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self.written = True
         return self.path

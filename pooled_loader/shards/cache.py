@@ -44,13 +44,12 @@ The rules:
 - **LRU**: every open sets the shard's mtime to now; to make room, the oldest unpinned shards
   go first. When all that is left is pinned (e.g. a budget smaller than workers x (1 + prefetch)
   shards), the shard is streamed from its URL instead of cached (counted in ``stats["bypass"]``).
-- **Hit rate below the dataset's size**: with a budget of a fraction ``f`` of the shards, an
-  epoch in the *same* order as the last would hit nothing (LRU's cyclic-scan pathology: each
-  shard is evicted just before it comes round again). ``WebDataset`` reshuffles the shard order
-  every epoch, which gives about ``0.7 f**2`` hits (measured: 9% at f = 40%, 44% at 80%;
-  BENCHMARKS.md): a shard still cached when the epoch starts is hit only if the
-  new order reaches it before the misses have pushed it out, and the cache's content at the
-  start is only the last epoch's final fraction ``f``.
+- **Hit rate below the dataset's size**: with a budget of a fraction ``f`` of the shards, an epoch
+  in the *same* order as the last would hit nothing (LRU's cyclic-scan pathology: each shard is
+  evicted just before it comes round again). ``WebDataset`` reshuffles the shard order every epoch,
+  which gives about ``0.7 f**2`` hits (measured: 9% at f = 40%, 44% at 80%; BENCHMARKS.md): a shard
+  still cached when the epoch starts is hit only if the new order reaches it before the misses have
+  pushed it out, and the cache's content at the start is only the last epoch's final fraction ``f``.
 """
 
 from __future__ import annotations
@@ -75,6 +74,7 @@ from ..core.errors import SampleError, ShardIndexError
 from ..core.safe_open import (UnsafeFileError, create_exclusive, open_own, open_regular,
                         open_regular_stat, write_all)
 from .samples import INDEX_SUFFIX
+from .urls import local_path
 
 __all__ = ["ShardCache", "CachedShard", "Prefetcher", "parse_bytes", "cache_key", "is_cacheable"]
 
@@ -118,9 +118,9 @@ def cache_key(url: str) -> str:
 
 
 def is_cacheable(url: str) -> bool:
-    """Whether ``url`` goes through the cache: remote URLs, not local paths, ``file://`` or
-    ``pipe:`` commands (whose size is never known before they have run)."""
-    return "://" in url and not url.startswith(("file://", "pipe:"))
+    """Whether ``url`` goes through the cache: not a local file (``urls.local_path``) nor a
+    ``pipe:`` command (whose size is never known before it has run)."""
+    return local_path(url) is None and not url.startswith("pipe:")
 
 
 def _touch(fd: int) -> None:

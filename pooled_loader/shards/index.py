@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Optional
 from . import remote
 from ..core.errors import ShardFormatError, ShardIndexError
 from ..core.safe_open import UnsafeFileError, open_regular
+from .urls import local_path
 from .samples import (INDEX_SUFFIX, Sample, index_url, is_local_tar, local_sample_starts,
                       shard_samples)
 
@@ -175,7 +176,7 @@ def _fetch_index(url: str, *, retries: int = remote.RETRIES,
     not yet compared with the shard (``check_shard``). Raises ``ShardIndexError`` saying how to
     make one when it is missing."""
     where = index_url(url)
-    local = _local_path(url)
+    local = local_path(url)
     try:
         if local is not None:
             with os.fdopen(open_regular(local + INDEX_SUFFIX, what="shard index", follow=True),
@@ -200,7 +201,7 @@ def check_shard(url: str, index: ShardIndex) -> None:
     recorded) samples that are not where the index places them, read from its tar headers. A
     missing or unreadable shard passes (its reader says what is wrong); so does a remote one,
     checked as it is read (``read_sample``, ``samples_from``, the shard cache)."""
-    local = _local_path(url)
+    local = local_path(url)
     try:
         st = os.stat(local) if local is not None else None
     except OSError:
@@ -259,12 +260,6 @@ def load_indexes(urls: list[str], *, skip: Optional[Callable[[str, str], None]] 
             index = ShardIndex(0, None, (), ())
         indexes.append(index)
     return indexes
-
-
-def _local_path(url: str) -> Optional[str]:
-    """The file a local shard URL names (``file://`` stripped); None for a remote one."""
-    local = url[len("file://"):] if url.startswith("file://") else url
-    return None if "://" in local or local.startswith("pipe:") else local
 
 
 def read_sample(url: str, index: ShardIndex, i: int, *, name: Optional[str] = None,

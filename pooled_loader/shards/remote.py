@@ -12,17 +12,17 @@ Why this module exists: object stores, proxies and long transfers reset connecti
   ignores ``Range`` (200) is read again from the start and the bytes already delivered are
   discarded, so the reader sees every byte exactly once either way. ``pipe:`` commands are run
   again the same way; local files and fsspec files seek.
-- A server that trickles cannot hold a reader (the per-read timeout ``timeout_s`` never fires
-  when each byte comes within it). A connection keeps up while the bytes it delivered since it
-  last kept up cover ``min_bytes_per_s`` (default ``constants.REMOTE_MIN_BYTES_PER_S``) over the
-  time waited since; one that goes a window ``W`` without keeping up is dropped like a reset.
-  The URL fails, whatever ``retries`` remain, once it has gone ``STALL_WINDOWS`` (3) windows
-  without progress (new bytes that bring it back to the minimum rate), across reconnections and
-  backoffs; a backoff that would reach that gives up at once. ``W`` is ``rate_window_s``, by
-  default ``min(constants.REMOTE_RATE_WINDOW_S, timeout_s)``, so a trickle ends a read after at
-  most ``3 x min(30 s, timeout_s)`` of waiting: 6 s for ``open_shard(url, timeout_s=2)``, 90 s
-  by default. Only the time spent inside the stream counts (connecting, reading, backing off),
-  not the consumer's between reads. The deadline this sets ends every socket read of an HTTP
+- A server that trickles cannot hold a reader (the per-read timeout ``timeout_s`` never fires when
+  each byte comes within it). A connection keeps up while the bytes it delivered since it last kept
+  up cover ``min_bytes_per_s`` (default ``core.constants.REMOTE_MIN_BYTES_PER_S``) over the time
+  waited since; one that goes a window ``W`` without keeping up is dropped like a reset. The URL
+  fails, whatever ``retries`` remain, once it has gone ``STALL_WINDOWS`` (3) windows without
+  progress (new bytes that bring it back to the minimum rate), across reconnections and backoffs; a
+  backoff that would reach that gives up at once. ``W`` is ``rate_window_s``, by default
+  ``min(core.constants.REMOTE_RATE_WINDOW_S, timeout_s)``, so a trickle ends a read after at most
+  ``3 x min(30 s, timeout_s)`` of waiting: 6 s for ``open_shard(url, timeout_s=2)``, 90 s by
+  default. Only the time spent inside the stream counts (connecting, reading, backing off), not the
+  consumer's between reads. The deadline this sets ends every socket read of an HTTP
   connection (the status line and headers, a chunk-size line that ``http.client`` reads within
   one read, the body, the bytes discarded where Range is ignored), its TCP connect, and every
   wait on a ``pipe:`` command's output; the status line and headers must also arrive within
@@ -69,6 +69,7 @@ from ..core import constants
 from ..core.errors import SampleError
 from ..core.safe_open import UnsafeFileError, open_regular_stat
 from . import deadlines
+from .urls import local_path
 
 __all__ = ["open_shard", "RemoteReadError", "IO_STATS", "RETRIES", "BACKOFF_S", "is_seekable_url"]
 
@@ -221,17 +222,11 @@ def _open_fsspec(url: str, offset: int, timeout: float, end: Optional[int] = Non
 def _opener(url: str) -> Callable[..., _Opened]:
     if url.startswith("pipe:"):
         return _open_pipe
-    scheme = urllib.parse.urlsplit(url).scheme if "://" in url else ""
-    if scheme in ("http", "https"):
+    if local_path(url) is not None:
+        return lambda u, off, t, end=None, deadline=None: _open_local(local_path(u), off, t)
+    if urllib.parse.urlsplit(url).scheme in ("http", "https"):
         return _open_http
-    if scheme in ("", "file"):
-        return lambda u, off, t, end=None, deadline=None: _open_local(_local_path(u), off, t)
     return _open_fsspec
-
-
-def _local_path(url: str) -> str:
-    return urllib.request.url2pathname(urllib.parse.urlsplit(url).path) if url.startswith(
-        "file://") else url
 
 
 def is_seekable_url(url: str) -> bool:
@@ -437,10 +432,10 @@ def open_shard(url: str, offset: int = 0, *, retries: int = RETRIES,
         backoff_s: the wait before the second retry in a row; doubles up to ``MAX_BACKOFF_S``.
         timeout_s: the per-read timeout, the time allowed for the status line and headers, and
             the cap of the default rate window.
-        min_bytes_per_s: the minimum rate (default ``constants.REMOTE_MIN_BYTES_PER_S``).
+        min_bytes_per_s: the minimum rate (default ``core.constants.REMOTE_MIN_BYTES_PER_S``).
         rate_window_s: ``W``, the time a connection may go without keeping up with the minimum
-            rate (default ``min(constants.REMOTE_RATE_WINDOW_S, timeout_s)``). The stream fails
-            after ``STALL_WINDOWS x W`` without progress, whatever ``retries`` remain.
+            rate (default ``min(core.constants.REMOTE_RATE_WINDOW_S, timeout_s)``). The stream
+            fails after ``STALL_WINDOWS x W`` without progress, whatever ``retries`` remain.
 
     Raises ``RemoteReadError`` naming the URL when it cannot be read."""
     raw = ResilientStream(url, offset, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s,

@@ -24,7 +24,7 @@ from . import remote
 from ..core.constants import MAX_SAMPLE_BYTES
 from ..core.errors import SampleError, ShardFormatError, ShardIndexError
 from ..core.safe_open import open_regular
-from .urls import base_plus_ext, expand_urls
+from .urls import base_plus_ext, expand_urls, local_path
 from .tar import Member, TarReader
 
 __all__ = ["expand_shards", "shard_samples", "count_samples", "count_shard",
@@ -83,8 +83,10 @@ def index_url(url: str) -> str:
 
 
 def is_local_tar(url: str) -> bool:
-    """An uncompressed local tar: its byte offsets are file offsets, so it can be seeked."""
-    return "://" not in url and not url.startswith("pipe:") and url.endswith(".tar")
+    """An uncompressed tar on this machine (a path or ``file://`` URL: ``urls.local_path``): its
+    byte offsets are file offsets, so it can be seeked."""
+    path = local_path(url)
+    return path is not None and path.endswith(".tar")
 
 
 def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.RETRIES,
@@ -99,7 +101,7 @@ def shard_samples(url: str, offset: Optional[int] = 0, *, retries: int = remote.
     and skipping whole samples). ``end``: read no byte from there on. ``size``: the shard's
     size as its index records it; a shard (or server) that reports another raises
     ``ShardIndexError``. ``max_sample_bytes``: the most member data one sample may hold
-    (default ``constants.MAX_SAMPLE_BYTES``), checked from the headers before a member's data
+    (default ``core.constants.MAX_SAMPLE_BYTES``), checked from the headers before a member's data
     is read. Other errors propagate."""
     base = offset or 0
     bound = MAX_SAMPLE_BYTES if max_sample_bytes is None else max_sample_bytes
@@ -152,21 +154,22 @@ def sample_too_big(key: str, member: str, held: int, bound: int, at: int) -> str
             f"samples are meant), at byte {at}")
 
 
-def _open_tar(path: str) -> Any:
-    """A local tar opened for reading, if it is a regular file (a FIFO would block in open(),
-    a link to /dev/zero never end): ``UnsafeFileError`` naming it otherwise."""
-    return os.fdopen(open_regular(path, follow=True, what="local shard"), "rb")
+def _open_tar(url: str) -> Any:
+    """The local tar ``url`` names (``is_local_tar``) opened for reading, if it is a regular
+    file (a FIFO would block in open(), a link to /dev/zero never end): ``UnsafeFileError``
+    naming it otherwise."""
+    return os.fdopen(open_regular(local_path(url) or url, follow=True, what="local shard"), "rb")
 
 
-def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
+def _scan_local_tar(url: str) -> tuple[int, Optional[str]]:
     """Count a local tar's samples from its headers alone, grouping names exactly as
     ``webdataset.tariterators.group_by_keys`` does. Returns ``(count, error)``; on a truncated or
     corrupt tar, ``count`` is what ``webdataset`` yields before it fails (the sample in progress
     when the read fails is lost)."""
     count, last = 0, None
     try:
-        with _open_tar(path) as f:
-            for info in TarReader(f, path):  # checks that each member lies inside the file
+        with _open_tar(url) as f:
+            for info in TarReader(f, url):  # checks that each member lies inside the file
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
@@ -177,13 +180,14 @@ def _scan_local_tar(path: str) -> tuple[int, Optional[str]]:
     return count, None
 
 
-def local_sample_offset(path: str, n: int) -> Optional[int]:
-    """Byte offset where sample ``n`` of a local tar begins, from its headers alone (the data
-    is seeked over), or ``None`` if it cannot be found (read the shard instead)."""
+def local_sample_offset(url: str, n: int) -> Optional[int]:
+    """Byte offset where sample ``n`` of a local tar (a path or ``file://`` URL) begins, from
+    its headers alone (the data is seeked over), or ``None`` if it cannot be found (read the
+    shard instead)."""
     count, last = 0, None
     try:
-        with _open_tar(path) as f:
-            for info in TarReader(f, path):
+        with _open_tar(url) as f:
+            for info in TarReader(f, url):
                 if _not_a_sample_file(info):
                     continue
                 prefix, _ = base_plus_ext(info.name)
@@ -196,13 +200,13 @@ def local_sample_offset(path: str, n: int) -> Optional[int]:
     return None
 
 
-def local_sample_starts(path: str) -> Optional[list[int]]:
+def local_sample_starts(url: str) -> Optional[list[int]]:
     """Byte offsets where each sample of a local tar begins, then where its end-of-archive
     marker begins, from its headers alone (None if the shard cannot be read to its end)."""
     starts, last = [], None
     try:
-        with _open_tar(path) as f:
-            reader = TarReader(f, path)
+        with _open_tar(url) as f:
+            reader = TarReader(f, url)
             for info in reader:
                 prefix = None if _not_a_sample_file(info) else base_plus_ext(info.name)[0]
                 if prefix is not None and prefix != last:
@@ -227,11 +231,12 @@ def count_shard(url: str, **stream_opts: Any) -> tuple[int, Optional[str]]:
     """``(count, error)`` of one shard, cached per process: ``error`` (None when it read to the
     end) says why the count stopped early; ``stream_opts`` go to ``remote.open_shard``."""
     if is_local_tar(url):
+        path = local_path(url) or url
         try:
-            st = os.stat(url)
+            st = os.stat(path)
         except OSError as exc:
             return 0, error_reason(exc)
-        key: tuple = (os.path.abspath(url), st.st_size, st.st_mtime_ns)
+        key: tuple = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     else:
         key = (url,)
     if key in COUNT_CACHE:

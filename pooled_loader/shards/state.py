@@ -42,7 +42,7 @@ from . import elastic as wds_elastic
 from .samples import is_local_tar, local_sample_starts
 from ..core.state_checks import StateChecks
 
-__all__ = ["STATE_VERSION", "Position", "Progress", "progress_state", "progress_from_state",
+__all__ = ["STATE_VERSION", "Position", "ShareCursor", "cursor_state", "cursor_from_state",
            "check_state_values", "check_keys", "check_complete", "check_fits", "check_runs_state"]
 
 STATE_VERSION = 1
@@ -63,8 +63,12 @@ class Position:
 
 
 @dataclass
-class Progress:
-    """Everything ``state_dict()`` needs, as it stood at the last sample this worker yielded."""
+class ShareCursor:
+    """Where one worker stands in its share of the epoch (``quota`` samples), as it stood at the
+    last sample it yielded: everything ``state_dict()`` needs. It counts the samples yielded
+    (``done``), the rounds over its shards (``rounds``) and the raw samples still to read in
+    this one; ``pos`` is the raw stream's place in the shards. (Not the loader's epoch position,
+    ``resume.state.Progress``.)"""
     quota: int
     pos: Position
     rng: random.Random
@@ -148,32 +152,32 @@ def _check_rng(rng: Any) -> None:
                          "most 624), null or a float]")
 
 
-def progress_state(prog: Progress, keep_rng: bool) -> dict:
-    """The part of a state that ``prog`` holds. ``keep_rng``: store the shuffle RNG (625
+def cursor_state(cur: ShareCursor, keep_rng: bool) -> dict:
+    """The part of a state that ``cur`` holds. ``keep_rng``: store the shuffle RNG (625
     numbers, so only when a shuffle buffer draws from it)."""
-    pos = prog.pos
+    pos = cur.pos
     rng = None
     if keep_rng:
-        version, internal, gauss = prog.rng.getstate()
+        version, internal, gauss = cur.rng.getstate()
         rng = [version, list(internal), gauss]
-    return {"quota": prog.quota, "done": prog.done,
+    return {"quota": cur.quota, "done": cur.done,
             "position": {k: getattr(pos, k) for k in _POSITION_KEYS},
-            "round": {"left": prog.round_left, "count": prog.rounds, "before": prog.before,
-                      "mark": prog.mark, "draining": prog.draining},
-            "buffer": prog.held[:], "rng": rng}
+            "round": {"left": cur.round_left, "count": cur.rounds, "before": cur.before,
+                      "mark": cur.mark, "draining": cur.draining},
+            "buffer": cur.held[:], "rng": rng}
 
 
-def progress_from_state(state: dict, quota: int, rng: random.Random) -> Progress:
-    """The ``Progress`` a checked ``state`` describes, with ``rng`` set to its RNG state. Its
+def cursor_from_state(state: dict, quota: int, rng: random.Random) -> ShareCursor:
+    """The ``ShareCursor`` a checked ``state`` describes, with ``rng`` set to its RNG state. Its
     shuffle buffer is left empty: the caller reads the samples of ``state["buffer"]`` again."""
     p, r = state["position"], state["round"]
     if state["rng"] is not None:
         version, internal, gauss = state["rng"]
         rng.setstate((version, tuple(internal), gauss))
-    return Progress(quota, Position(p["shard"], p["offset"], p["index"], p["visits"],
-                                    bool(p["got"]), p["idle"]), rng,
-                    done=state["done"], round_left=r["left"], rounds=r["count"],
-                    before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
+    return ShareCursor(quota, Position(p["shard"], p["offset"], p["index"], p["visits"],
+                                       bool(p["got"]), p["idle"]), rng,
+                       done=state["done"], round_left=r["left"], rounds=r["count"],
+                       before=r["before"], mark=r["mark"], draining=bool(r["draining"]))
 
 
 def check_keys(state: dict, keys: Sequence[str], version: int,

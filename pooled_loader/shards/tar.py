@@ -9,11 +9,11 @@ pax headers itself, and every tar reader of the package uses it:
   archive's size is known (a local file), a member must lie inside it;
 - longname/longlink and pax headers hold at most ``MAX_META_BYTES``, pax records must be well
   formed, sparse members are refused; data is read in pieces (memory follows the bytes that
-  arrive), at most ``MAX_MEMBER_BYTES`` per member (and ``constants.MAX_SAMPLE_BYTES`` per
+  arrive), at most ``MAX_MEMBER_BYTES`` per member (and ``core.constants.MAX_SAMPLE_BYTES`` per
   sample, checked by ``shard_samples``); a compressed shard may expand to at most
-  ``constants.MAX_DECOMPRESSED_SHARD_BYTES``;
+  ``core.constants.MAX_DECOMPRESSED_SHARD_BYTES``;
 - the archive must end as tar says: two zero blocks, then only zeros, at most
-  ``constants.MAX_TRAILING_BYTES`` of them (more is refused unread). A bad header, a shard
+  ``core.constants.MAX_TRAILING_BYTES`` of them (more is refused unread). A bad header, a shard
   truncated anywhere and data after the end raise ``ShardFormatError`` naming the shard and
   the byte offset.
 

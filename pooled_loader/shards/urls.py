@@ -3,11 +3,15 @@ expansion (``data-{0000..0099}.tar``, ``{train,val}``), as WebDataset reads them
 member-name split ``base_plus_ext`` that groups a tar's members into samples.
 
 Why here and not ``webdataset``'s: these two small functions are all the shard readers need from
-that package, and importing it at the top of ``shard_samples`` made ``pooled_loader.vision``
+that package, and importing it at the top of ``shards.samples`` made ``pooled_loader.vision``
 (through the class check) fail on a machine without it. Braces are expanded by ``braceexpand``
 (a small pure-Python core dependency, the one WebDataset itself uses, so a pattern names the same
 shards in both); the rest is written from WebDataset's documented behaviour and compared with it
 in ``tests/test_shard_urls.py``.
+
+Which URLs name a file on this machine is decided here, once (``local_path``), for every
+reader: the stream opener, the sample counter and seeker, the index lookup and CLI, the shard
+cache and the class check all ask it, so ``file:///a%20b.tar`` names one file, ``/a b.tar``.
 
 A pattern is untrusted input: the names it expands to are counted as they come
 (``MAX_EXPANDED_URLS``), so ``{0..999999999999}`` is an error, not a MemoryError.
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import urllib.parse
 from typing import Optional
 
 from braceexpand import braceexpand
 
-__all__ = ["expand_urls", "base_plus_ext", "MAX_EXPANDED_URLS"]
+__all__ = ["expand_urls", "base_plus_ext", "local_path", "MAX_EXPANDED_URLS"]
 
 MAX_EXPANDED_URLS = 1_000_000  # names one pattern may expand to: a million shards is a lot already
 
@@ -103,6 +109,26 @@ def _substitute_env(url: str) -> str:
             break
         url = substituted
     return url
+
+
+def local_path(url: str) -> Optional[str]:
+    """The file on this machine that shard ``url`` names, or None when it is read another way
+    (``http(s)://``, another ``scheme://`` through fsspec, a ``pipe:`` command).
+
+    A plain path is itself, as written (never decoded: ``s%20x.tar`` is that name). A
+    ``file://`` URL is its path percent-decoded as RFC 8089 says (``file:///a%20b.tar`` ->
+    ``/a b.tar``; bytes that are not UTF-8 decoded as ``os.fsdecode`` would), its host not
+    looked at (as the reader always did). A ``://`` after something that is not a scheme
+    (``./x://y.tar``) is part of a plain path."""
+    if url.startswith("pipe:"):
+        return None
+    if "://" not in url:
+        return url
+    split = urllib.parse.urlsplit(url)
+    if split.scheme == "file":
+        return urllib.parse.unquote(split.path, encoding=sys.getfilesystemencoding(),
+                                    errors=sys.getfilesystemencodeerrors())
+    return None if split.scheme else url
 
 
 def base_plus_ext(path: str) -> tuple[Optional[str], Optional[str]]:

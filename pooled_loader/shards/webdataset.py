@@ -91,7 +91,7 @@ from .cache import Prefetcher, ShardCache, parse_bytes
 from .index import load_indexes, samples_from
 from .samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
                             expand_shards, is_local_tar, local_sample_offset, shard_samples)
-from .state import Position, Progress
+from .state import Position, ShareCursor
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
@@ -134,7 +134,7 @@ class WebDataset(IterableDataset):
             the counts come from it (no shard is read to count them), checked against each local
             shard then and each sample as read; the cache checks downloads' size and SHA-256.
         max_sample_bytes: the most member data (decompressed) one sample may hold, an int or
-            ``"1GiB"``...; default ``constants.MAX_SAMPLE_BYTES`` (256 MiB). Checked from the
+            ``"1GiB"``...; default ``core.constants.MAX_SAMPLE_BYTES`` (256 MiB). Checked from the
             tar headers before a member is read: a larger sample is an error naming the shard,
             the sample and the member (a counted skip with ``on_error="skip"``).
     """
@@ -189,7 +189,7 @@ class WebDataset(IterableDataset):
         self.retry_backoff_s = float(retry_backoff_s)
         self.epoch = 0
         # The running iteration, for state_dict(); a dict in global mode (global_shuffle).
-        self._progress: Optional[Union[Progress, dict]] = None
+        self._cursor: Optional[Union[ShareCursor, dict]] = None
         self._runs: Optional[dict] = None  # the running iteration of an elastic resume
         self._order: list[int] = []  # counted mode: the epoch's shards (url indices) in order
         self._resume: Optional[dict] = None  # set by load_state_dict(), used by the next iter
@@ -378,9 +378,9 @@ class WebDataset(IterableDataset):
             if resume is not None and resume["epoch"] != self.epoch:
                 resume = None  # as in shard mode: a state from another epoch is ignored
             state = global_shuffle.resumed_state(self._global_state(), resume)
-            self._progress = state
+            self._cursor = state
             for out, after in self._global.samples(state, self._apply, self._fail):
-                self._progress = after  # state_dict() gives the state after the last yield
+                self._cursor = after  # state_dict() gives the state after the last yield
                 yield out
             return
         if self.prefetch_shards:
@@ -404,7 +404,7 @@ class WebDataset(IterableDataset):
         self._order, self._last_shard = piece.order, piece.last
         rank, _ = self._current_rank_world()
         rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{self._worker()[0]}")
-        prog = Progress(quota, Position(first), rng, start=(first, skip))
+        cur = ShareCursor(quota, Position(first), rng, start=(first, skip))
         # a merged or runs state reaches here only from another epoch (see __iter__)
         runs = resume is not None and resume.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS)
         if resume is not None and not runs and resume["epoch"] == self.epoch \
@@ -412,37 +412,37 @@ class WebDataset(IterableDataset):
             wds_state.check_fits(resume, self._config(), quota, shards, self._index_of,
                                  self.shard_sizes and dict(zip(self.urls, self.shard_sizes)))
             skip = 0
-            prog = self._restore(resume, quota, shards, rng)
+            cur = self._restore(resume, quota, shards, rng)
         elif resume is not None and resume["epoch"] != self.epoch and (runs or (
                 resume["position"] and resume["done"] < resume["quota"])):
             warnings.warn(f"WebDataset: the loaded state is from epoch {resume['epoch']} but the "
                           f"dataset is at epoch {self.epoch} (set_epoch after load_state_dict?): "
                           "starting this epoch from its beginning", RuntimeWarning, stacklevel=2)
-        self._progress = prog
+        self._cursor = cur
         if quota == 0:
             return
         if skip and is_local_tar(shards[first]):  # start inside the first shard: seek there
             offset = local_sample_offset(shards[first], skip)
             if offset is not None:
-                prog.pos.offset, prog.pos.index, skip = offset, skip, 0
-        raw = self._raw(shards, prog.pos, skip)
+                cur.pos.offset, cur.pos.index, skip = offset, skip, 0
+        raw = self._raw(shards, cur.pos, skip)
         size = self.shuffle_buffer
-        buf, held = prog.buffer, prog.held
+        buf, held = cur.buffer, cur.held
         # Rounds: the first reads this worker's piece (`quota` samples); a later one reads on to
         # replace samples the transform skipped. A buffer is drained at the end of each round.
-        while prog.done < quota:
-            if prog.round_left == 0 and not buf:
-                if prog.rounds:
-                    if prog.done > prog.before:
-                        prog.mark = prog.pos.visits
-                    elif prog.pos.visits - prog.mark > len(shards):
+        while cur.done < quota:
+            if cur.round_left == 0 and not buf:
+                if cur.rounds:
+                    if cur.done > cur.before:
+                        cur.mark = cur.pos.visits
+                    elif cur.pos.visits - cur.mark > len(shards):
                         raise SampleError(f"no usable sample in a whole pass over {len(shards)} "
                                           f"shards (first: {shards[0]}); {self.skipped} skipped")
-                prog.rounds += 1
-                prog.round_left, prog.before, prog.draining = quota - prog.done, prog.done, False
-            if prog.round_left:
+                cur.rounds += 1
+                cur.round_left, cur.before, cur.draining = quota - cur.done, cur.done, False
+            if cur.round_left:
                 sample, here = next(raw)
-                prog.round_left -= 1
+                cur.round_left -= 1
                 if size > 1:
                     if len(buf) < size:
                         buf.append(sample)
@@ -451,22 +451,22 @@ class WebDataset(IterableDataset):
                     i = rng.randrange(size)
                     buf[i], sample, held[i] = sample, buf[i], here
             else:
-                if not prog.draining:
+                if not cur.draining:
                     order = list(range(len(buf)))
                     rng.shuffle(order)
                     buf[:] = [buf[j] for j in order]
                     held[:] = [held[j] for j in order]
-                    prog.draining = True
+                    cur.draining = True
                 sample = buf.pop(0)
                 held.pop(0)
             ok, out = self._apply(sample)
             if ok:
-                prog.done += 1
+                cur.done += 1
                 yield out
 
     def _iter_runs(self, resume: dict) -> Iterator[Any]:
         """The rest of an epoch resumed from a merged state (this slot's share of it) or from a
-        state taken while reading one: its runs in order, no shuffle buffer (`wds_elastic`)."""
+        state taken while reading one: its runs in order, no shuffle buffer (`shards.elastic`)."""
         rank, world = self._current_rank_world()
         wid, nworkers = self._worker()
         if resume["mode"] == wds_elastic.MERGED:
@@ -474,7 +474,7 @@ class WebDataset(IterableDataset):
             done = 0
         else:
             runs, quota, done = resume["rest"], resume["quota"], resume["done"]
-        self._progress = None
+        self._cursor = None
         self._runs = {"runs": runs, "raw": 0, "quota": quota, "done": done}
         for url_index, first, count in runs:
             url = self.urls[url_index]
@@ -497,18 +497,18 @@ class WebDataset(IterableDataset):
                 self._fail(url, f"has {first + got} samples, {first + count} were counted")
                 self._runs["raw"] += count - got
 
-    def _rest(self, prog: Progress) -> Optional[list]:
+    def _rest(self, cur: ShareCursor) -> Optional[list]:
         """The runs this worker has not read yet (its piece's rest, its buffer's samples), for
         an elastic merge; None where they are not exact (explicit mode, skipped samples)."""
-        if self.shard_sizes is None or self.skipped or prog.rounds > 1:
+        if self.shard_sizes is None or self.skipped or cur.rounds > 1:
             return None
         order = self._order
-        if prog.rounds == 0:
-            rest = wds_elastic.runs_from(order, self.shard_sizes, *prog.start, prog.quota)
+        if cur.rounds == 0:
+            rest = wds_elastic.runs_from(order, self.shard_sizes, *cur.start, cur.quota)
         else:
-            rest = wds_elastic.runs_from(order, self.shard_sizes, prog.pos.shard,
-                                         prog.pos.index, prog.round_left)
-        return rest + [[order[shard], index, 1] for shard, _, index in prog.held]
+            rest = wds_elastic.runs_from(order, self.shard_sizes, cur.pos.shard,
+                                         cur.pos.index, cur.round_left)
+        return rest + [[order[shard], index, 1] for shard, _, index in cur.held]
 
     # -- checkpoint and resume -----------------------------------------------------------------
     def _config(self) -> dict:
@@ -535,8 +535,8 @@ class WebDataset(IterableDataset):
         shard, the byte offset of its next sample, the shuffle buffer's samples as positions and
         the shuffle RNG; layout: pooled_loader.shards.state's docstring."""
         if self.shuffle == "global":  # layout: pooled_loader.shards.global_shuffle's docstring
-            if self._progress is not None and self._progress["epoch"] == self.epoch:
-                return dict(self._progress)
+            if self._cursor is not None and self._cursor["epoch"] == self.epoch:
+                return dict(self._cursor)
             return self._global_state()
         state = {"version": wds_state.STATE_VERSION, "epoch": self.epoch, "skipped": self.skipped,
                  **self._config(), "quota": 0, "done": 0, "position": None}
@@ -545,8 +545,8 @@ class WebDataset(IterableDataset):
             state.update(mode=wds_elastic.RUNS, quota=r["quota"], done=r["done"],
                          rest=wds_elastic.drop_first(r["runs"], r["raw"]))
             return state
-        prog = self._progress
-        if prog is None:
+        cur = self._cursor
+        if cur is None:
             if self._resume is None and self.shard_sizes is not None and not self.skipped:
                 # before the epoch's first sample (a worker that has not read yet): its whole
                 # piece remains, so an elastic merge (or a Mix's) can hand it to another slot
@@ -555,8 +555,8 @@ class WebDataset(IterableDataset):
                                                       piece.first, piece.skip, piece.quota)
             return state
         # the buffer is the RNG's only user
-        state.update(wds_state.progress_state(prog, keep_rng=self.shuffle_buffer > 1),
-                     rest=self._rest(prog))
+        state.update(wds_state.cursor_state(cur, keep_rng=self.shuffle_buffer > 1),
+                     rest=self._rest(cur))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -576,7 +576,7 @@ class WebDataset(IterableDataset):
             return
         wds_state.check_complete(state, self.shuffle_buffer)
         if state.get("mode") in (wds_elastic.MERGED, wds_elastic.RUNS):
-            # a merged state (`wds_elastic.merge_stream_states`) or one taken while reading one
+            # a merged state (`elastic.merge_stream_states`) or one taken while reading one
             wds_state.check_runs_state(state, self._config(), len(self.urls),
                                        self.shuffle_buffer, self.shard_sizes)
         else:
@@ -585,8 +585,8 @@ class WebDataset(IterableDataset):
         self._resume = state
 
     def _restore(self, state: dict, quota: int, shards: list[str], rng: random.Random
-                 ) -> Progress:
-        prog = wds_state.progress_from_state(state, quota, rng)
+                 ) -> ShareCursor:
+        cur = wds_state.cursor_from_state(state, quota, rng)
         # The shuffle buffer is stored as positions: read those samples again (one seek each).
         for shard, offset, index in state["buffer"]:
             url = shards[shard]
@@ -595,6 +595,6 @@ class WebDataset(IterableDataset):
             except Exception as exc:  # noqa: BLE001 - reported with the shard
                 raise SampleError(f"shard {url}: cannot re-read the shuffle buffer's sample at "
                                   f"byte {offset} on resume: {error_reason(exc)}") from exc
-            prog.buffer.append(sample)
-            prog.held.append([shard, offset, index])
-        return prog
+            cur.buffer.append(sample)
+            cur.held.append([shard, offset, index])
+        return cur

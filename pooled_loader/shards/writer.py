@@ -37,6 +37,7 @@ from .cache import parse_bytes
 from .index import write_index
 from .samples import expand_shards
 from .tar import TarReader
+from .urls import local_path
 
 __all__ = ["CLASSES_MEMBER", "write_shards", "read_shard_classes", "main"]
 
@@ -134,8 +135,7 @@ def read_shard_classes(urls: Sequence[str]) -> Optional[list[str]]:
     header each); of remote ones, the first. Raises ClassMismatchError if shards disagree."""
     found: Optional[list[str]] = None
     for n, url in enumerate(urls):
-        local = "://" not in url and not url.startswith("pipe:")
-        if n and not local:
+        if n and local_path(url) is None:
             break
         stream = remote.open_shard(url)
         try:
@@ -183,10 +183,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "index":
         bound = (None if args.max_sample_bytes is None
                  else parse_bytes(args.max_sample_bytes, "--max-sample-bytes"))
-        paths = expand_shards(args.pattern)
-        for path in paths:  # all checked before the first index is written
-            if "://" in path or path.startswith("pipe:"):
-                raise ValueError(f"{path}: shards index works on local shards; index them "
+        urls = expand_shards(args.pattern)
+        paths = [local_path(url) for url in urls]
+        for url, path in zip(urls, paths):  # all checked before the first index is written
+            if path is None:
+                raise ValueError(f"{url}: shards index works on local shards; index them "
                                  "before uploading")
         for path in paths:
             print(write_index(path, bound))

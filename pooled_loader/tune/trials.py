@@ -32,10 +32,11 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .._cli import EXIT_ERROR, EXIT_INTERRUPTED, run
 from ..core.constants import (BOTTLENECK_WAIT_SHARE, DEFAULT_POOL_EXTRA_SLOTS,
                               DEFAULT_PREFETCH_FACTOR)
 from ..loader import PooledLoader
@@ -259,7 +260,57 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pooled_loader tune ...`` (a leading ``"tune"`` in ``argv`` is skipped)."""
+    """``python -m pooled_loader tune ...`` (a leading ``"tune"`` in ``argv`` is skipped); the
+    exit status: 0, ``EXIT_ERROR`` when every trial failed (after their table),
+    ``EXIT_INTERRUPTED`` after Ctrl-C (with what was measured written).
+
+    An error the user can act on (no such folder, no batch size that fits) is raised, as the
+    other commands' are: ``python -m pooled_loader`` prints it as one line (``_cli``)."""
+    a = _arguments(argv)
+    ds, dataset_info = make_dataset(a.data, a.cache, a.size)
+    plan = _plan(a, len(ds))
+    os.makedirs(a.out, exist_ok=True)
+    load_start = os.getloadavg()[0]
+    _warm_up(a, ds, dataset_info, plan, load_start)
+    outcome = _sweep(a, ds, plan)
+    if outcome is None:
+        print("interrupted before any trial finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if "error" in outcome.best:  # the best failed: every trial did
+        print(format_table(outcome.trials, outcome.best))
+        print(f"error: every trial failed; the first: {outcome.trials[0]['error']}",
+              file=sys.stderr)
+        return EXIT_ERROR
+    outcome.notes += _notes(a, len(ds), plan, load_start, outcome.best)
+    result = _result(a, dataset_info, plan, load_start, outcome)
+    paths, plotted = _write(a, result, outcome, plan, dataset_info)
+    _print_summary(outcome, result, paths, plotted)
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the sweep tries, and the time each trial gets."""
+    space: dict  # knob -> the values to try
+    start: Setting
+    reserve: int  # trials kept for the confirmation
+    planned: int  # trials the budget is split over
+    trial_s: float
+    step_s: float  # the simulated training step, per batch of start.batch_size
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What the sweep found: every trial, the best, its confirmation and the notes so far."""
+    trials: list
+    best: dict
+    confirmed: dict | None
+    notes: list
+    interrupted: bool
+    elapsed_s: float
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:
         argv = argv[1:]
@@ -269,37 +320,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("give --data DIR or --cache PATH")
     if 0 in a.prefetch or min(a.batch_sizes) < 1 or a.min_batches < 1:
         p.error("prefetch_factor, batch sizes and --min-batches must be >= 1")
-    try:
-        ds, dataset_info = make_dataset(a.data, a.cache, a.size)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    batch_sizes = [b for b in a.batch_sizes if b <= len(ds)]
+    return a
+
+
+def _plan(a: argparse.Namespace, samples: int) -> _Plan:
+    batch_sizes = [b for b in a.batch_sizes if b <= samples]
     if not batch_sizes:
-        print(f"error: every batch size exceeds the dataset ({len(ds)} samples)", file=sys.stderr)
-        return 1
+        raise ValueError(f"every batch size exceeds the dataset ({samples} samples)")
     space = {"num_workers": a.workers, "batch_size": batch_sizes,
              "prefetch_factor": a.prefetch, "pool_extra": a.pool_extra}
     start = Setting(_start(a.workers, a.cpus), _start(batch_sizes, 128),
                     _start(a.prefetch, DEFAULT_PREFETCH_FACTOR),
                     _start(a.pool_extra, DEFAULT_POOL_EXTRA_SLOTS))
-    reserve = 2 * max(0, a.confirm_rounds)  # trials kept for the confirmation
+    reserve = 2 * max(0, a.confirm_rounds)
     planned = 1 + sum(len(v) - 1 for v in space.values()) + reserve
-    trial_s = a.budget_s / planned
-    step_s = a.simulate_step_ms / 1000.0  # per batch of start.batch_size
-    os.makedirs(a.out, exist_ok=True)
+    return _Plan(space, start, reserve, planned, a.budget_s / planned,
+                 a.simulate_step_ms / 1000.0)
 
-    load_start = os.getloadavg()[0]
+
+def _warm_up(a: argparse.Namespace, ds: Any, dataset_info: dict, plan: _Plan,
+             load_start: float) -> None:
+    """Say what is tuned and how, and read the trials' first samples once."""
     print(f"tuning on {dataset_info['kind']} {dataset_info['path']} ({len(ds)} samples), "
           f"{a.cpus} CPUs, load {load_start:.1f}; budget {a.budget_s:.0f} s, "
-          f"~{planned} trials of ~{trial_s:.1f} s"
-          + (f"; simulated step {a.simulate_step_ms:g} ms per batch of {start.batch_size}"
-             if step_s else ""))
-    warm = warm_page_cache(ds, min(len(ds), a.max_batches * max(batch_sizes)), 0.25 * a.budget_s)
+          f"~{plan.planned} trials of ~{plan.trial_s:.1f} s"
+          + (f"; simulated step {a.simulate_step_ms:g} ms per batch of "
+             f"{plan.start.batch_size}" if plan.step_s else ""))
+    most = max(plan.space["batch_size"])
+    warm = warm_page_cache(ds, min(len(ds), a.max_batches * most), 0.25 * a.budget_s)
     print(f"page cache: read {warm[0]} samples ({warm[1] / 2**20:.0f} MiB) in {warm[2]:.1f} s")
 
-    bar = progress_bar(total=planned, desc="tune", unit="trial", disable=a.quiet, file=sys.stderr)
+
+def _sweep(a: argparse.Namespace, ds: Any, plan: _Plan) -> _Outcome | None:
+    """The search and its confirmation, under a progress bar; None when interrupted before
+    any trial finished (after one, the trials so far)."""
+    bar = progress_bar(total=plan.planned, desc="tune", unit="trial", disable=a.quiet,
+                       file=sys.stderr)
     t_start = time.perf_counter()
+    measure = _measurer(a, ds, plan, bar)
+
+    def time_left(best: dict) -> bool:
+        """Room for another trial, keeping time to confirm a winner other than the start."""
+        keep = plan.reserve if best["knob"] != "start" else 0
+        return time.perf_counter() - t_start + (0.5 + keep) * plan.trial_s < a.budget_s
+
+    done: dict[Setting, dict] = {}
+    notes: list[str] = []
+    try:
+        trials, best = coordinate_descent(plan.space, plan.start, measure, a.tolerance,
+                                          time_left, done)
+        confirmed = None
+        if best is not trials[0] and "error" not in best and a.confirm_rounds > 0:
+            left = a.budget_s - (time.perf_counter() - t_start)
+            best, confirmed = _confirm(a, plan, trials, best, measure, left, notes)
+    except KeyboardInterrupt:
+        bar.close()
+        if not done:
+            return None
+        trials = list(done.values())  # without any confirmation runs
+        best = max(trials, key=lambda t: t["images_per_s"])
+        notes.append(f"interrupted (Ctrl-C) after {len(trials)} trials: the search is incomplete")
+        return _Outcome(trials, best, None, notes, True, time.perf_counter() - t_start)
+    bar.close()
+    return _Outcome(trials, best, confirmed, notes, False, time.perf_counter() - t_start)
+
+
+def _measurer(a: argparse.Namespace, ds: Any, plan: _Plan, bar: Any
+              ) -> Callable[[Setting, str], dict]:
+    """``measure(setting, knob)``: one trial (a failed one recorded, not raised), counted on
+    ``bar`` with the best rate so far."""
     best_rate = [0.0]
 
     def measure(s: Setting, knob: str) -> dict:
@@ -309,9 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # more workers than CPUs is a deliberate point of the sweep: no warning per trial
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             try:
-                t = run_trial(ds, s, time_limit_s=trial_s, warmup=warmup,
+                t = run_trial(ds, s, time_limit_s=plan.trial_s, warmup=warmup,
                               min_batches=a.min_batches, max_batches=a.max_batches,
-                              step_s=step_s * s.batch_size / start.batch_size)
+                              step_s=plan.step_s * s.batch_size / plan.start.batch_size)
             except Exception as e:  # noqa: BLE001 - one failed setting must not end the sweep
                 t = failed_trial(s, e)
                 print(f"trial {s.label()} failed: {t['error']}", file=sys.stderr)
@@ -321,105 +410,108 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.update(1)
         bar.set_postfix_str(f"best {best_rate[0]:.0f} img/s")
         return t
+    return measure
 
-    def time_left(best: dict) -> bool:
-        """Room for another trial, keeping time to confirm a winner other than the start."""
-        keep = reserve if best["knob"] != "start" else 0
-        return time.perf_counter() - t_start + (0.5 + keep) * trial_s < a.budget_s
 
-    done: dict[Setting, dict] = {}
-    notes, interrupted, confirmed = [], False, None
-    try:
-        trials, best = coordinate_descent(space, start, measure, a.tolerance, time_left, done)
-        first = trials[0]
-        if best is not first and "error" not in best and a.confirm_rounds > 0:
-            winner = best
-            # the time kept for it, or at least one round if the winner came late
-            left = a.budget_s - (time.perf_counter() - t_start)
-            rounds = max(1, min(a.confirm_rounds, int(left // (2 * trial_s))))
-            runs, best, rates = confirm(first, winner, measure, rounds, a.tolerance, len(trials))
-            trials += runs
-            confirmed = {"rounds": rounds, "images_per_s": rates,
-                         "median": {k: statistics.median(v) for k, v in rates.items()},
-                         "kept": "winner" if best is winner else "start"}
-            if best is not winner:
-                notes.append(f"the search's winner ({winner['label']}) was not faster than the "
-                             f"start ({first['label']}) when measured again: recommending the "
-                             "start")
-    except KeyboardInterrupt:
-        bar.close()
-        if not done:
-            print("interrupted before any trial finished", file=sys.stderr)
-            return 130
-        trials = list(done.values())  # without any confirmation runs
-        best = max(trials, key=lambda t: t["images_per_s"])
-        confirmed = None
-        notes.append(f"interrupted (Ctrl-C) after {len(trials)} trials: the search is incomplete")
-        interrupted = True
-    bar.close()
-    elapsed = time.perf_counter() - t_start
-    if "error" in best:  # the best failed: every trial did
-        print(format_table(trials, best))
-        print(f"error: every trial failed; the first: {trials[0]['error']}", file=sys.stderr)
-        return 1
+def _confirm(a: argparse.Namespace, plan: _Plan, trials: list, winner: dict,
+             measure: Callable[[Setting, str], dict], left_s: float,
+             notes: list) -> tuple[dict, dict]:
+    """The search's winner measured again against the start (``trials[0]``), interleaved, in
+    the time kept for it (at least one round if the winner came late); the confirmation runs
+    join ``trials``. Returns the trial kept and the confirmation's record."""
+    first = trials[0]
+    rounds = max(1, min(a.confirm_rounds, int(left_s // (2 * plan.trial_s))))
+    runs, best, rates = confirm(first, winner, measure, rounds, a.tolerance, len(trials))
+    trials += runs
+    confirmed = {"rounds": rounds, "images_per_s": rates,
+                 "median": {k: statistics.median(v) for k, v in rates.items()},
+                 "kept": "winner" if best is winner else "start"}
+    if best is not winner:
+        notes.append(f"the search's winner ({winner['label']}) was not faster than the start "
+                     f"({first['label']}) when measured again: recommending the start")
+    return best, confirmed
 
-    line = recommended_line(best["setting"])
-    best_rate = confirmed["median"][best["label"]] if confirmed else best["images_per_s"]
+
+def _notes(a: argparse.Namespace, samples: int, plan: _Plan, load_start: float,
+           best: dict) -> list[str]:
+    """What makes the figures less than they seem."""
+    notes = []
     if load_start > a.cpus:
         notes.append(f"the machine was busy (load {load_start:.1f} on {a.cpus} CPUs): other "
                      "work shares the CPUs, so the figures are noisy; rerun when it is idle")
-    if len(ds) < a.max_batches * best["batch_size"]:
-        notes.append(f"the dataset ({len(ds)} samples) is smaller than a trial's batches: epoch "
+    if samples < a.max_batches * best["batch_size"]:
+        notes.append(f"the dataset ({samples} samples) is smaller than a trial's batches: epoch "
                      "boundaries (pipeline refills) are part of the figures")
-    if not step_s:
+    if not plan.step_s:
         notes.append("no training step was simulated, so the loader is the bottleneck by "
                      "construction; pass --simulate-step-ms to see it against your step")
-    result = {
+    return notes
+
+
+def _result(a: argparse.Namespace, dataset_info: dict, plan: _Plan, load_start: float,
+            outcome: _Outcome) -> dict:
+    """The record written to ``tune.json``."""
+    best, confirmed = outcome.best, outcome.confirmed
+    best_rate = confirmed["median"][best["label"]] if confirmed else best["images_per_s"]
+    return {
         "version": 1,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "dataset": dataset_info,
         "machine": {"cpus": a.cpus, "load_start": load_start, "load_end": os.getloadavg()[0],
                     "python": platform.python_version(), "torch": torch.__version__},
         "settings": {"budget_s": a.budget_s, "simulate_step_ms": a.simulate_step_ms,
-                     "size": a.size, "tolerance": a.tolerance, "trial_s": trial_s,
+                     "size": a.size, "tolerance": a.tolerance, "trial_s": plan.trial_s,
                      "warmup_batches": a.warmup_batches, "min_batches": a.min_batches,
-                     "max_batches": a.max_batches, "space": space,
-                     "start": dataclasses.asdict(start)},
-        "trials": [{k: v for k, v in t.items() if k != "setting"} for t in trials],
+                     "max_batches": a.max_batches, "space": plan.space,
+                     "start": dataclasses.asdict(plan.start)},
+        "trials": [{k: v for k, v in t.items() if k != "setting"} for t in outcome.trials],
         "best": {"id": best["id"], **dataclasses.asdict(best["setting"]),
                  "pool_slots": best["pool_slots"], "images_per_s": best_rate,
                  "report": best["report"]},
         "confirm": confirmed,
-        "recommended": line,
-        "notes": notes,
-        "elapsed_s": elapsed,
+        "recommended": recommended_line(best["setting"]),
+        "notes": outcome.notes,
+        "elapsed_s": outcome.elapsed_s,
     }
+
+
+def _write(a: argparse.Namespace, result: dict, outcome: _Outcome, plan: _Plan,
+           dataset_info: dict) -> tuple[tuple[str, str], bool]:
+    """``OUT/tune.json`` and (with matplotlib) ``OUT/tune.png``: their paths, and whether the
+    plot was written."""
     json_path, png_path = os.path.join(a.out, "tune.json"), os.path.join(a.out, "tune.png")
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
-    step = (f", simulated step {a.simulate_step_ms:g} ms / {start.batch_size} images"
-            if step_s else "")
-    plotted = write_plot(trials, best, png_path, f"{dataset_info['kind']} {len(ds)} samples, "
+    step = (f", simulated step {a.simulate_step_ms:g} ms / {plan.start.batch_size} images"
+            if plan.step_s else "")
+    plotted = write_plot(outcome.trials, outcome.best, png_path,
+                         f"{dataset_info['kind']} {dataset_info['len']} samples, "
                          f"{a.cpus} CPUs{step}")
     if not plotted:
         print(f"{png_path} not written: the plot needs matplotlib "
               "(pip install 'pooled-loader[tools]')", file=sys.stderr)
+    return (json_path, png_path), plotted
 
-    print(format_table(trials, best))
-    print(f"\n{len(trials)} trials in {elapsed:.0f} s. Best: trial {best['id']} "
-          f"({best['label']}), {best_rate:.0f} images/s{' (median)' if confirmed else ''}; "
-          f"the training loop waited {best['wait_fraction']:.0%} of trial {best['id']}'s time.")
+
+def _print_summary(outcome: _Outcome, result: dict, paths: tuple[str, str],
+                   plotted: bool) -> None:
+    """The table, the best trial and its report, the notes and the line to paste."""
+    best, confirmed = outcome.best, outcome.confirmed
+    print(format_table(outcome.trials, best))
+    print(f"\n{len(outcome.trials)} trials in {outcome.elapsed_s:.0f} s. Best: trial "
+          f"{best['id']} ({best['label']}), {result['best']['images_per_s']:.0f} images/s"
+          f"{' (median)' if confirmed else ''}; the training loop waited "
+          f"{best['wait_fraction']:.0%} of trial {best['id']}'s time.")
     if confirmed:
         print("measured again, interleaved: " + "; ".join(
             f"{k}: median {confirmed['median'][k]:.0f} images/s of "
             + ", ".join(f"{r:.0f}" for r in v) for k, v in confirmed["images_per_s"].items()))
     print("loader.report() of that trial (warm-up included):\n" + best["report"])
-    for n in notes:
+    for n in outcome.notes:
         print(f"note: {n}")
-    written = f"{json_path} and {png_path}" if plotted else json_path
-    print(f"\nwrote {written}\n\npaste:\n    {line}")
-    return 130 if interrupted else 0
+    written = " and ".join(paths) if plotted else paths[0]
+    print(f"\nwrote {written}\n\npaste:\n    {result['recommended']}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, sys.argv[1:]))
