@@ -30,7 +30,7 @@ class Plain(Dataset):
 
 
 class AllSix:
-    """Every hook, without subclassing: it matches structurally, as torchdata's Stateful does."""
+    """Every hook's name, without declaring them: not taken for the hooks."""
 
     def __init__(self) -> None:
         self.calls: list = []
@@ -72,16 +72,31 @@ class Counting(IterableDataset, LoaderHooks):
 
 
 def test_datasets_declare_the_hooks_and_others_get_defaults_that_do_nothing():
-    assert hooks_of(Plain()) is not None and not isinstance(Plain(), LoaderHooks)
-    defaults = hooks_of(Plain())
+    plain = Plain()
+    defaults = hooks_of(plain)
+    assert defaults is not plain
     assert defaults.pop_skips() == [] and defaults.pooled_epoch() is None
     assert defaults.pooled_figures([], {}) == {}
     assert defaults.pooled_batch_size(4) is None and defaults.pooled_check_states([]) is None
     assert defaults.pooled_load_epoch({"x": 1}) is None
-    mine = AllSix()
-    assert hooks_of(mine) is mine
+    undeclared = AllSix()
+    assert hooks_of(undeclared) is not undeclared and hooks_of(undeclared).pop_skips() == []
     mix = Mix({"a": range(4), "b": range(4)}, weights={"a": 1, "b": 1})
-    assert isinstance(mix, LoaderHooks)
+    assert hooks_of(mix) is mix
+
+
+def test_asking_never_writes_to_the_datasets_class():
+    class Mine(Dataset):
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    before = set(vars(Mine))
+    hooks_of(Mine())
+    PooledLoader(Mine(), batch_size=1)
+    assert set(vars(Mine)) == before  # torchvision's wrapper classes are compared so
 
 
 def test_a_subclass_keeps_the_defaults_it_does_not_override():
@@ -96,10 +111,10 @@ def test_a_webdataset_skip_found_in_a_worker_reaches_the_loaders_statistics(tmp_
     make_shards(str(tmp_path / "s"), [6, 6])
     ds = WebDataset(str(tmp_path / "s"), transform=id_but_seven, on_error="skip",
                     shuffle_shards=False)
-    assert isinstance(ds, LoaderHooks)
+    assert hooks_of(ds) is ds
     loader = PooledLoader(ds, batch_size=4, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = sorted(int(i) for b in loader for i in b)
-    assert 7 not in got and len(got) == 11
+    assert 7 not in got and len(got) == 12  # the worker reads on to keep its count
     assert loader.stats()["skipped"] == 1

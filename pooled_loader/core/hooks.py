@@ -2,19 +2,20 @@
 
 The loader and its workers import no dataset (the machinery sits below `mix/` and `shards/`), so a
 dataset that wants a say (`mix.Mix`, `shards.WebDataset`) declares the hooks by subclassing
-`LoaderHooks`: each method's body here is its default, which does nothing. An object that
-defines all six without subclassing matches too (a runtime-checkable Protocol, as torchdata's
-`Stateful`). `hooks_of(dataset)` is the one place that asks; every other dataset gets the
-defaults. Who calls each hook, and when: CONTRACTS.md ("Loader <-> a dataset's own hooks").
+`LoaderHooks` (a Protocol, as torchdata's `Stateful`, for type checkers): each method's body here
+is its default, which does nothing. `hooks_of(dataset)` is the one place that asks, by the
+dataset's class hierarchy: a method of the same name on a class that does not declare the hooks
+is not one of them (and, unlike a runtime Protocol check, asking never writes to the user's class:
+Python 3.11's adds an `__annotations__` to it). Who calls each hook, and when: CONTRACTS.md
+("Loader <-> a dataset's own hooks").
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 __all__ = ["LoaderHooks", "hooks_of"]
 
 
-@runtime_checkable
 class LoaderHooks(Protocol):
     """A dataset's hooks into the loader (each a no-op unless overridden)."""
 
@@ -46,5 +47,5 @@ _DEFAULTS = type("NoHooks", (LoaderHooks,), {})()
 
 
 def hooks_of(dataset: Any) -> LoaderHooks:
-    """The dataset itself when it declares the hooks, else hooks that do nothing."""
-    return dataset if isinstance(dataset, LoaderHooks) else _DEFAULTS
+    """The dataset itself when its class declares the hooks, else hooks that do nothing."""
+    return dataset if LoaderHooks in type(dataset).__mro__ else _DEFAULTS

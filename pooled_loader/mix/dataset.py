@@ -52,6 +52,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..core.ranks import rank_and_world
 from ..core.errors import SampleError
+from ..core.hooks import LoaderHooks
 from .order import (Order, rest_entries, rest_index, rest_length, rest_prefix,
                         source_items)
 from .state import (FORMAT, MAX_COUNT, MERGED, account, check_state, check_weights,
@@ -65,7 +66,7 @@ __all__ = ["Mix", "merge_mix_states"]
 Weights = Mapping[str, float] | Callable[[int], Mapping[str, float]]
 
 
-class Mix(IterableDataset):
+class Mix(IterableDataset, LoaderHooks):
     """Draw samples from several datasets by weight.
 
     Args:

@@ -240,8 +240,8 @@ def merge_rank_states(states: Sequence[dict], *, lockstep: bool = False) -> dict
 
 def _merge_streams(states: Sequence[dict]) -> dict:
     """Iterable loaders: the datasets' states of every worker of every rank, merged by
-    `wds_elastic.merge_stream_states` (WebDataset in counted mode) or `mix_state.merge_mix_states`
-    (a mix of map-style sources)."""
+    `shards.elastic.merge_stream_states` (WebDataset in counted mode) or
+    `mix.state.merge_mix_states` (a mix of map-style sources)."""
     dataset_states, checks = [], []
     for k, state in enumerate(states):
         try:
@@ -264,7 +264,7 @@ def _merge_streams(states: Sequence[dict]) -> dict:
                                       f"{SNAPSHOT}.{WORKER_SNAPSHOTS}.{key}.dataset_state."))
     try:
         if is_mix_state(dataset_states[0]):  # pooled_loader.mix.Mix
-            merged = merge_mix_states(dataset_states)
+            merged = merge_mix_states(dataset_states, checks)
         else:
             merged = merge_stream_states(dataset_states, checks)
     except StateMismatch:

@@ -87,6 +87,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import global_shuffle, remote, elastic as wds_elastic, plan as wds_plan, state as wds_state
 from ..core.ranks import empty_rank_message, rank_and_world
 from ..core.errors import SampleError, ShardIndexError
+from ..core.hooks import LoaderHooks
 from .cache import Prefetcher, ShardCache, parse_bytes
 from .index import load_indexes, samples_from
 from .samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
@@ -95,13 +96,10 @@ from .state import Position, ShareCursor
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]
 
-# Older names that scripts/checks/fuzz.py and scripts/benchmarks/bench_tar.py reach in for.
-_shard_samples, _COUNT_CACHE = shard_samples, COUNT_CACHE
-
 _SKIP_LOG_MAX = 10_000  # skips kept for pop_skips() between calls (the count stays exact)
 
 
-class WebDataset(IterableDataset):
+class WebDataset(IterableDataset, LoaderHooks):
     """WebDataset tar shards split across ranks and workers with equal counts per rank.
 
     Args:

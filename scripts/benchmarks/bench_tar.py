@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHILD = r"""
 import glob, json, sys, time
 import pooled_loader.webdataset as w
+from pooled_loader.shards.samples import COUNT_CACHE
 shards = sorted(glob.glob(sys.argv[1] + "/*.tar"))
 nbytes = sum(__import__("os").path.getsize(s) for s in shards)
 t = time.perf_counter()
@@ -35,7 +36,7 @@ n = sum(1 for _ in ds)
 read = time.perf_counter() - t
 t = time.perf_counter()
 for _ in range(5):
-    w._COUNT_CACHE.clear()
+    COUNT_CACHE.clear()
     c = sum(w.count_samples(s) for s in shards)
 count = (time.perf_counter() - t) / 5
 print(json.dumps({"file": w.__file__, "n": n, "c": c, "read_s": read, "count_s": count,

@@ -222,7 +222,7 @@ def fuzz_tar(data: bytes, path: str) -> None:
             pass
     with open(path, "wb") as f:
         f.write(data)
-    for call in (lambda: pl_wds.count_samples(path), lambda: list(pl_wds._shard_samples(path))):
+    for call in (lambda: pl_wds.count_samples(path), lambda: list(pl_wds.shard_samples(path))):
         try:
             call()
         except SampleError:
