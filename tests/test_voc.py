@@ -223,3 +223,16 @@ def test_unchanged_wrapped_voc_is_routed_by_pooled_loader_with_dataloaders_sampl
             assert type(xb) is tv_tensors.Image and xb.shape == xa.shape
         for ta, tb in zip(targets_a, targets_b):
             same_target(ta, tb)
+
+
+def test_a_cache_fingerprint_names_detection_datasets_by_their_released_path(tmp_path):
+    """CocoDetection and VOCDetection moved into vision/detection/ (issue 46); a cache built
+    from one before the move must still fit, so the fingerprint keeps the released class path."""
+    from pooled_loader.cache import fingerprint_info
+    from pooled_loader.vision.detection.coco import CocoDetection
+    from test_detection import write_coco
+    _, voc = write_voc(tmp_path / "voc")
+    assert fingerprint_info(VOCDetection(voc))["class"] == "pooled_loader.vision.voc.VOCDetection"
+    img_dir, ann = write_coco(tmp_path / "coco")
+    assert fingerprint_info(CocoDetection(img_dir, ann))["class"] == \
+        "pooled_loader.vision.coco.CocoDetection"

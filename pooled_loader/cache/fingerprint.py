@@ -29,9 +29,11 @@ def _stable_repr(obj: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
-# Modules moved into sub-packages (issue 41) that hold a map-style dataset a cache can be built
+# Modules moved into sub-packages (issues 41, 46) that hold a map-style dataset a cache can be built
 # from: the fingerprint keeps the released class path, so caches built before the move still fit.
-_RELEASED_MODULE = {"pooled_loader.ragged.tokens": "pooled_loader.tokens"}
+_RELEASED_MODULE = {"pooled_loader.ragged.tokens": "pooled_loader.tokens",
+                    "pooled_loader.vision.detection.coco": "pooled_loader.vision.coco",
+                    "pooled_loader.vision.detection.voc": "pooled_loader.vision.voc"}
 
 
 def fingerprint_info(dataset: Any) -> dict:
