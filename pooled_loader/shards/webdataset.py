@@ -90,8 +90,8 @@ from ..core.errors import SampleError, ShardIndexError
 from ..core.hooks import LoaderHooks
 from .cache import Prefetcher, ShardCache, parse_bytes
 from .index import load_indexes, samples_from
-from .samples import (COUNT_CACHE, Sample, Urls, count_samples, count_shard, error_reason,
-                            expand_shards, is_local_tar, local_sample_offset, shard_samples)
+from .samples import (Sample, Urls, count_samples, count_shard, error_reason, expand_shards,
+                      is_local_tar, local_sample_offset)
 from .state import Position, ShareCursor
 
 __all__ = ["WebDataset", "count_samples", "expand_shards"]

@@ -56,6 +56,7 @@ sys.path.insert(0, ROOT)
 
 def _load() -> None:
     global pl_cache, pl_format, pl_errors, pl_tar, pl_wds, pl_decode, pl_tokens, pl_index
+    global pl_samples
     import pooled_loader.cache as pl_cache
     import pooled_loader.shards.index as pl_index
     import pooled_loader.tokens as pl_tokens
@@ -64,6 +65,7 @@ def _load() -> None:
     import pooled_loader.shards.tar as pl_tar
     import pooled_loader.vision.decode as pl_decode
     import pooled_loader.shards.webdataset as pl_wds
+    import pooled_loader.shards.samples as pl_samples
 
 TARGETS = ("jpeg", "tar", "cache", "state", "tokidx", "shardidx")
 SMALL_BIN = 1 << 20  # tokidx: a .bin is written at the announced size up to this
@@ -222,7 +224,7 @@ def fuzz_tar(data: bytes, path: str) -> None:
             pass
     with open(path, "wb") as f:
         f.write(data)
-    for call in (lambda: pl_wds.count_samples(path), lambda: list(pl_wds.shard_samples(path))):
+    for call in (lambda: pl_wds.count_samples(path), lambda: list(pl_samples.shard_samples(path))):
         try:
             call()
         except SampleError:

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from pooled_loader.vision.ops.crop_box import PYTHON_RANDOM, resized_crop_box
-from pooled_loader.vision.torchvision.table import (CENTER_CROP, CONVERT, DETECTION, FLIP,
-                                                    JITTER, RESIZE, RESIZED_CROP, op_table,
+from pooled_loader.vision.torchvision.table import (CENTER_CROP, DETECTION, FLIP, JITTER,
+                                                    RESIZE, RESIZED_CROP, op_table,
                                                     resizes_bilinearly)
 
 @dataclass
