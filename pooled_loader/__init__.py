@@ -18,7 +18,6 @@ __all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAlloca
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str) -> Any:
     if name == "PooledLoader":
         from .loader import PooledLoader as value

@@ -43,7 +43,11 @@ class LoaderHooks(Protocol):
         """In each worker: `pooled_epoch()`'s payload from the main process's copy."""
 
 
-_DEFAULTS = type("NoHooks", (LoaderHooks,), {})()
+class _NoHooks(LoaderHooks):
+    """Every hook's default: what a dataset that declares none gets."""
+
+
+_DEFAULTS = _NoHooks()
 
 
 def hooks_of(dataset: Any) -> LoaderHooks:

@@ -30,8 +30,7 @@ from ..core.constants import SMALL_BATCH_BYTES, SMALL_LEAF_BYTES, SMALL_LEAF_SHA
 from .epoch import EpochSpec
 from .interrupts import install_interrupt_guard
 from .layout import as_type, unflatten
-from .messages import BatchLayout
-from .messages import Restore
+from .messages import BatchLayout, Restore
 from .pool import ArenaMap, SlotRef
 from .position import EpochPosition, Resume, SamplerCursor
 from ..core.seeds import rng_fingerprint

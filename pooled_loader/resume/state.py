@@ -48,7 +48,9 @@ def build_state(position: EpochPosition, check: dict, *, loader_epoch: int | Non
     compares with its loader (`PooledLoader._state_check`), `loader_epoch` the last
     `set_epoch()`, `rng_check` the base seeds' RNG fingerprint, `sampler_epoch` the own epoch of
     the sampler that picks the order, `elastic` what `merge_rank_states` needs besides the
-    counts. `exposed`: with the counts tools correct at the top (`yielded.expose`)."""
+    counts. `exposed`: in StatefulDataLoader's whole layout (an entry for every worker, one that
+    has delivered nothing included), with the counts tools correct at the top
+    (`yielded.expose`); without, only for this process to parse back."""
     position.ready_for_state()
     step, sampler_state = position.sampler_snapshot
     main = {NUM_WORKERS: position.num_workers, INDEX_SAMPLER_STATE: sampler_state,
@@ -56,13 +58,12 @@ def build_state(position: EpochPosition, check: dict, *, loader_epoch: int | Non
     workers = {f"worker_{w}": _stream_dict(s) for w, s in sorted(position.streams.items())}
     pooled = {FORMAT_KEY: FORMAT, **check, STARTED: position.started,
               SEED_EPOCH: position.seed_epoch, SAMPLER_SNAPSHOT_STEP: step,
-              DELIVERED_AHEAD: sorted(position.delivered_ahead), LOADER_EPOCH: loader_epoch}
-    if exposed:
-        pooled[RNG_CHECK] = rng_check
-        if sampler_epoch is not None:
-            pooled[SAMPLER_EPOCH] = sampler_epoch
-        if elastic is not None:
-            pooled[ELASTIC] = elastic
+              DELIVERED_AHEAD: sorted(position.delivered_ahead), LOADER_EPOCH: loader_epoch,
+              RNG_CHECK: rng_check}
+    if sampler_epoch is not None:
+        pooled[SAMPLER_EPOCH] = sampler_epoch
+    if elastic is not None:
+        pooled[ELASTIC] = elastic
     state = {
         SNAPSHOT: {SNAPSHOT_STEP: position.num_yielded,
                    LAST_YIELDED_WORKER_ID: position.last_worker,
@@ -71,7 +72,11 @@ def build_state(position: EpochPosition, check: dict, *, loader_epoch: int | Non
         ITERATOR_FINISHED: position.finished,
         POOLED: pooled,
     }
-    return expose(state) if exposed else state
+    if not exposed:
+        return state
+    for w in range(max(position.num_workers, 1)):
+        workers.setdefault(f"worker_{w}", _stream_dict(WorkerStream(w)))
+    return expose(state)
 
 
 # -- reading a state back -------------------------------------------------------------------------

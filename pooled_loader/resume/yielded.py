@@ -16,11 +16,10 @@ import copy
 from typing import Any
 
 from ..core.errors import StateMismatch
-from .keys import (DATASET_ITER_STATE, DATASET_STATE, FETCHER_ENDED, FETCHER_STATE,
-                         INDEX_SAMPLER_STATE, ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID,
-                         LEN_CALLED, MAIN_SNAPSHOT, NUM_WORKERS, NUM_YIELDED, POOLED,
-                         SAMPLER_ITER_STATE, SAMPLER_ITER_YIELDED, SHARED_SEED, SNAPSHOT,
-                         SNAPSHOT_STEP, WORKER_ID, WORKER_SNAPSHOTS)
+from .keys import (DATASET_STATE, FETCHER_ENDED, FETCHER_STATE, INDEX_SAMPLER_STATE,
+                   ITERATOR_FINISHED, LAST_YIELDED_WORKER_ID, LEN_CALLED, MAIN_SNAPSHOT,
+                   NUM_WORKERS, NUM_YIELDED, POOLED, SAMPLER_ITER_STATE, SAMPLER_ITER_YIELDED,
+                   SHARED_SEED, SNAPSHOT, SNAPSHOT_STEP, WORKER_SNAPSHOTS)
 
 __all__ = ["NUM_YIELDED", "expose", "honour_adjustment"]
 
@@ -33,25 +32,17 @@ WRITTEN = "top_level_num_yielded"  # in "_pooled": the count as we wrote it
 
 
 def expose(state: dict) -> dict:
-    """`state` with the delivered batch count (and sampler items) at its top level, and every
-    key of StatefulDataLoader's layout present: an entry per worker in `_worker_snapshots`, and
-    with 0 workers the single-process layout's top-level keys (the same values as inside)."""
+    """`state` (with an entry per worker in `_worker_snapshots`: `state.build_state`) with the
+    delivered batch count (and sampler items) at its top level, and every key of
+    StatefulDataLoader's layout present: with 0 workers the single-process layout's top-level keys
+    (the same values as inside)."""
     snap = state[SNAPSHOT]
     main = snap[MAIN_SNAPSHOT]
     state[NUM_YIELDED] = state[POOLED][WRITTEN] = snap[SNAPSHOT_STEP]
     state[SAMPLER_YIELDED] = main[SAMPLER_ITER_YIELDED]
     main[SAMPLER_ITER_STATE] = main[SHARED_SEED] = main[LEN_CALLED] = None
-    workers = snap[WORKER_SNAPSHOTS]
-    count = max(main[NUM_WORKERS], 1)
-    if len(workers) < count:  # a worker that has delivered nothing yet
-        for w in range(count):
-            if f"worker_{w}" not in workers:
-                workers[f"worker_{w}"] = {
-                    WORKER_ID: w, DATASET_STATE: None,
-                    FETCHER_STATE: {DATASET_ITER_STATE: None, FETCHER_ENDED: False},
-                    "items": 0, "items_since_snapshot": 0, "batches": 0}
     if main[NUM_WORKERS] == 0:
-        only = workers["worker_0"]
+        only = snap[WORKER_SNAPSHOTS]["worker_0"]
         state.update({INDEX_SAMPLER_STATE: main[INDEX_SAMPLER_STATE], SAMPLER_ITER_STATE: None,
                       SHARED_SEED: None, LEN_CALLED: None, DATASET_STATE: only[DATASET_STATE],
                       FETCHER_STATE: only[FETCHER_STATE] if state[POOLED].get("iterable")
