@@ -453,7 +453,7 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def _epoch_spec(self) -> EpochSpec:
         """What the iterator starting (or restarting) an epoch now takes from this loader; a
         loaded state goes with it, once."""
-        return EpochSpec(
+        return EpochSpec(  # the dataset first: reading it may take the collate_fn over
             dataset=self._worker_dataset(), index_sampler=self._index_sampler, generator=self.generator,
             num_workers=self.num_workers, batch_size=self.batch_size, drop_last=self.drop_last,
             auto_collation=self._auto_collation, collate_fn=self._pooled_collate(),
@@ -479,7 +479,9 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         if self.accelerate_transforms and not isinstance(self.dataset, IterableDataset) \
                 and _maybe_folder(self.dataset):
             from .vision.torchvision_fused import translate
-            self._fused, self._fused_line = translate(self.dataset, self._fused_line)
+            self._fused, self._fused_line = translate(self.dataset, self._fused_line,
+                                                      collate_fn=self._pooled_collate()
+                                                      if self._auto_collation else None)
             if self._fused is None:  # a wrapped torchvision detection dataset (issue 38)
                 from .vision.detection_fused import translate as detection
                 self._fused, line = detection(self.dataset, self._fused_line)
@@ -491,8 +493,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         collate into the slot); an explicit default_collate without batching or default_convert
         with it runs as any other collate function, as in DataLoader."""
         default = default_collate if self._auto_collation else default_convert
-        if self.collate_fn is default:
-            return None
+        if self.collate_fn is default or getattr(self._fused, "mix", None) is not None:
+            return None  # (a MixUp/CutMix collate the fused dataset runs in the slot)
         return self.collate_fn
 
     def _get_iterator(self) -> Iterator:

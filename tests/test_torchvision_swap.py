@@ -214,15 +214,15 @@ def test_same_seed_gives_dataloaders_crops_and_flips_sample_for_sample(folder, k
 
 def test_ops_after_the_fused_prefix_run_as_torchvision_in_the_worker(folder):
     transform = v2.Compose([v2.RandomResizedCrop(96), v2.RandomHorizontalFlip(),
-                            v2.RandAugment(), v2.PILToTensor(), v2.RandomErasing(p=0.5)])
+                            v2.RandomRotation(30), v2.PILToTensor(), v2.RandomErasing(p=0.5)])
     ds = datasets.ImageFolder(folder, transform=transform)
     want, got, loader = _pairs(ds)
     for (xa, ya), (xb, yb) in zip(want, got):
         assert type(xb) is type(xa) and xb.dtype == torch.uint8 and torch.equal(ya, yb)
-        # RandAugment's thresholds (posterize, solarize) can turn a 1-level difference into
-        # many: the same draws give mostly the same pixels
+        # the rotation's resampling can turn a 1-level difference into a few: the same
+        # draws give mostly the same pixels
         assert (xa.float() - xb.float()).abs().mean() <= 2.0
-    assert loader.stats()["transforms"]["as_is"][0].startswith("RandAugment")
+    assert loader.stats()["transforms"]["as_is"][0].startswith("RandomRotation")
 
 
 def test_the_log_line_and_stats_say_what_is_fused(folder, caplog):

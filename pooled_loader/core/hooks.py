@@ -42,6 +42,13 @@ class LoaderHooks(Protocol):
     def pooled_load_epoch(self, payload: Any) -> None:
         """In each worker: `pooled_epoch()`'s payload from the main process's copy."""
 
+    def pooled_finish_batch(self, leaves: list) -> type | None:
+        """In the worker, once the default collate has written a map-style batch into its slot:
+        change it there in place (`leaves`: numpy views of the batch's array leaves, in tree
+        order); return the sequence type to hand the batch out as instead of default_collate's
+        list (a collate function's tuple, say), or None to keep it."""
+        return None
+
 
 class _NoHooks(LoaderHooks):
     """Every hook's default: what a dataset that declares none gets."""

@@ -13,7 +13,7 @@ import random
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from typing import Any, Callable, Mapping
 
@@ -25,7 +25,7 @@ from torch.utils.data.graph_settings import apply_random_seed
 
 from ..core.constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from ..core.deferred import FillFailed, accepted
-from ..core.hooks import hooks_of
+from ..core.hooks import LoaderHooks, hooks_of
 from ..core.seeds import sample_seed, seed_globals
 from ..core.stateful import follows_stateful
 from .interrupts import ignore_sigint_in_worker
@@ -94,6 +94,9 @@ class BatchMaker(SlotCollate):
                          and not self.use_into and not cfg.per_sample_seed else None)
         self.stateful = follows_stateful(cfg.dataset)
         self.hooks = hooks_of(cfg.dataset)
+        # a dataset that finishes its batches in the slot (LoaderHooks.pooled_finish_batch)
+        self.finishes = (type(self.hooks).pooled_finish_batch
+                         is not LoaderHooks.pooled_finish_batch)
         self.ragged = cfg.ragged
         # In-process with nothing pinned, batches whose every path ends in `Collated` need no slot:
         # a custom collate's, and default collate's of `__getitems__` samples (already in memory,
@@ -339,7 +342,19 @@ class BatchMaker(SlotCollate):
             samples = self._timed_batch(payload)
             with CLOCK.timing("collate"):
                 return self._collate_columns(task_id, samples, ref, payload)
-        return self._collate(task_id, payload, ref, fetch=self._fetch)
+        layout = self._collate(task_id, payload, ref, fetch=self._fetch)
+        return self._finished(layout) if self.finishes else layout
+
+    def _finished(self, layout: BatchLayout) -> BatchLayout:
+        """The dataset's `pooled_finish_batch` on the batch in its slot."""
+        slot = self.arenas.slot(layout.ref)
+        views = [slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
+                 for leaf, off in layout.leaves]
+        with CLOCK.timing("collate"):
+            container = self.hooks.pooled_finish_batch(views)
+        if container is not None and layout.spec[0] == "seq":
+            return replace(layout, spec=("seq", container, layout.spec[2]))
+        return layout
 
     def _timed_fetch(self, index: Any) -> Any:
         start = perf_counter_ns()

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from pooled_loader.core.errors import SampleError
+from pooled_loader.core.hooks import LoaderHooks
 from pooled_loader.vision.torchvision import plan as tp
 from pooled_loader.vision.io.buffers import Scratch, read_file
 from pooled_loader.vision.io.decode import decode_crop_into, read_header
@@ -103,10 +104,13 @@ def tensor_loader(loader: Any) -> tuple[str, ...] | None:
     return ("YCbCr", "Gray") if mode is image.ImageReadMode.RGB else None
 
 
-def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | None, str | None]:
+def translate(dataset: Any, logged: str | None = None, collate_fn: Any = None
+              ) -> tuple[FusedFolder | None, str | None]:
     """(a :class:`FusedFolder` running ``dataset``'s samples on the fused path, or None; the
     line that says so, or None when there is nothing to say). The line is logged (INFO,
-    "pooled_loader") unless it equals ``logged``, the one logged before."""
+    "pooled_loader") unless it equals ``logged``, the one logged before. A ``collate_fn`` that
+    mixes batches (``batch_mix.read_collate``) is taken over when the plan makes the whole
+    float image: the :class:`FusedFolder`'s ``mix``."""
     if "torchvision" not in sys.modules and type(dataset).__module__.split(".")[0] != \
             "pooled_loader":
         return None, None
@@ -114,34 +118,58 @@ def translate(dataset: Any, logged: str | None = None) -> tuple[FusedFolder | No
     if transform is None and not why:
         return None, None
     plan = None
-    if transform is not None:
+    ops, unread = (None, "") if transform is None else tp.read_compose(transform)
+    if ops is not None:
         plan = tp.read_plan(transform, "pil" if spaces is None else "u8")
         if plan is not None and spaces is not None:
             plan.colorspaces = spaces
     fused = None
     if plan is None:
-        if tp.compose_ops(transform) is None and not why:
+        why = why or unread
+        if ops is None and not why:
             return None, None
         line = ("PooledLoader: the torchvision transform runs as it is "
                 f"({why or 'its first op has no fused equivalent'})")
     else:
-        fused = FusedFolder(dataset, plan)
+        mix, mix_line = _read_mix(dataset, plan, collate_fn)
+        fused = FusedFolder(dataset, plan, mix)
         d = plan.describe()
-        line = ("PooledLoader: accelerated torchvision transform: fused [{}]; as is [{}]{}".format(
+        line = ("PooledLoader: accelerated torchvision transform: fused [{}]; as is [{}]{}{}".format(
             ", ".join(d["fused"]), ", ".join(d["as_is"]),
-            f" ({d['why_not_fused']})" if d["as_is"] else ""))
+            f" ({d['why_not_fused']})" if d["as_is"] else "", mix_line))
     if line != logged:
         log.info("%s", line)
     return fused, line
 
 
-class FusedFolder:
+def _read_mix(dataset: Any, plan: tp.Plan, collate_fn: Any) -> tuple[Any, str]:
+    """(a ``BatchMix`` for ``collate_fn``, or None; what the INFO line says of it)."""
+    if collate_fn is None:
+        return None, ""
+    from pooled_loader.vision.torchvision.batch_mix import BatchMix, read_collate
+    transform, why = read_collate(collate_fn)
+    if transform is None:
+        return None, f"; collate_fn as is ({why})" if why else ""
+    if plan.rest or plan.state != "float":
+        return None, "; collate_fn as is (its MixUp/CutMix needs the whole float image fused)"
+    if getattr(dataset, "target_transform", None) is not None:
+        return None, "; collate_fn as is (a target_transform runs before its MixUp/CutMix)"
+    from pooled_loader.vision.torchvision.mix_draws import is_mix, mix_num_classes
+    num_classes = mix_num_classes(transform)
+    if num_classes is None:
+        return None, "; collate_fn as is (its mixes disagree on num_classes)"
+    mix = BatchMix(transform, is_mix(transform), num_classes)
+    return mix, f"; in the slot: collate_fn's {mix.describe()}"
+
+
+class FusedFolder(LoaderHooks):
     """The user's folder dataset, its samples made on the fused path (see the module
     docstring). ``dataset`` is the user's object; other attributes are read from it."""
 
-    def __init__(self, dataset: Any, plan: tp.Plan) -> None:
+    def __init__(self, dataset: Any, plan: tp.Plan, mix: Any = None) -> None:
         self.dataset = dataset
         self.plan = plan
+        self.mix = mix  # a batch_mix.BatchMix run on each batch in its slot, or None
         self.pooled = not hasattr(dataset, "target_transform")  # pooled_loader's ImageFolder
         self._reset()
 
@@ -155,14 +183,15 @@ class FusedFolder:
         self.fallbacks = 0  # samples made by the dataset's own __getitem__
 
     def __getstate__(self) -> dict:
-        return {"dataset": self.dataset, "plan": self.plan, "pooled": self.pooled}
+        return {"dataset": self.dataset, "plan": self.plan, "pooled": self.pooled,
+                "mix": self.mix}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("dataset", "plan"):
+        if name.startswith("__") or name in ("dataset", "plan", "mix"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -185,12 +214,24 @@ class FusedFolder:
             image = self._image(path, dst if isinstance(dst, np.ndarray) else None)
         except _Fallback:
             self.fallbacks += 1
-            return self._as_is(index, path, target)
+            image, target = self._as_is(index, path, target)
         except SampleError as e:
             raise SampleError(f"{path}: {e}") from e
-        if not self.pooled and self.dataset.target_transform is not None:
-            target = self.dataset.target_transform(target)
+        else:
+            if not self.pooled and self.dataset.target_transform is not None:
+                target = self.dataset.target_transform(target)
+        if self.mix is not None:  # the one-hot row the batch's mix mixes
+            row = out[1] if dst is not None and isinstance(out[1], np.ndarray) and \
+                out[1].shape == (self.mix.num_classes,) else None
+            target = self.mix.one_hot_into(target, row)
         return image, target
+
+    def pooled_finish_batch(self, leaves: list) -> type | None:
+        """The collate_fn's MixUp/CutMix on the batch in its slot (LoaderHooks)."""
+        if self.mix is None:
+            return None
+        self.mix.apply(leaves[0], leaves[1])
+        return tuple
 
     def _as_is(self, index: int, path: str, target: Any) -> tuple[Any, Any]:
         """The sample as torchvision makes it: the dataset's own ``__getitem__``; for
@@ -246,7 +287,8 @@ class FusedFolder:
         else:
             out = np.empty(shape, dtype)
         flip = geo["flip"]
-        fold = as_float and not crop and geo["jitter"] is None
+        pixel = geo["pixel"]
+        fold = as_float and not crop and geo["jitter"] is None and pixel is None
         if fold:  # the whole chain in one kernel call
             crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), out, flip,
                                  *self._mean_std)
@@ -260,12 +302,37 @@ class FusedFolder:
                 np.copyto(u8, window[:, :, ::-1] if flip else window)
             else:
                 crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), u8, flip)
-            if as_float or geo["jitter"] is not None:  # the jitter, then the float values
-                jitter_into(u8, geo["jitter"] or [], self.scratch, out if as_float else None,
+            jitters = geo["jitter"] or []
+            if pixel is not None:  # the colour steps in turn, in place
+                self._colour_steps(u8, pixel)
+                jitters = []
+            if as_float or jitters:  # the jitter, then the float values
+                jitter_into(u8, jitters, self.scratch, out if as_float else None,
                             plan.mul, plan.add)
+        if geo["erase"] is not None:
+            _erase(out, geo["erase"])
         if out is dst:  # the slot's row, returned as it is: the loader does not copy it, and
             return out  # a batch of these is the plain tensor a batch of torchvision's makes
         return self._finish(out)
+
+    def _colour_steps(self, u8: np.ndarray, pixel: list) -> None:
+        """Colour jitters and AutoAugment-family ops on the uint8 CHW image, in op order."""
+        from pooled_loader.vision.ops import autoaugment as aa
+        for step, drawn in pixel:
+            if step.kind == tp.JITTER:
+                jitter_into(u8, [drawn], self.scratch)
+                continue
+            p = step.params
+            if type(step.op).__name__ == "AugMix":
+                m0, chains = drawn
+                if step.version == "v2":
+                    chains = [(weight, _as_v1(ops)) for weight, ops in chains]
+                aa.augmix_mix(u8, m0, chains, interpolation=p["interpolation"],
+                              fill=p["fill"], scratch=self.scratch)
+                continue
+            for name, magnitude in (_as_v1(drawn) if step.version == "v2" else drawn):
+                aa.apply_op(u8, name, magnitude, interpolation=p["interpolation"],
+                            fill=p["fill"], arithmetic=p["arithmetic"], scratch=self.scratch)
 
     def _finish(self, arr: np.ndarray) -> Any:
         plan = self.plan
@@ -285,6 +352,23 @@ class FusedFolder:
         return f"FusedFolder({self.dataset!r}, {self.plan.describe()})"
 
 
+def _as_v1(ops: list) -> list:
+    """v2's (op, magnitude) pairs as v1's ``_apply_op`` takes them: v2 gives Solarize's
+    threshold as a fraction of 255 (and multiplies it in float64 when it applies the op)."""
+    return [(name, 255.0 * m if name == "Solarize" else m) for name, m in ops]
+
+
+def _erase(out: np.ndarray, drawn: tuple) -> None:
+    """RandomErasing's box written into the float CHW image: one value per channel, or the
+    op's own random values (a (c, h, w) tensor)."""
+    top, left, h, w, value = drawn
+    region = out[:, top:top + h, left:left + w]
+    if isinstance(value, torch.Tensor):
+        np.copyto(region, value.numpy())
+    else:
+        region[...] = np.asarray(value, np.float32).reshape(-1, 1, 1)
+
+
 def _restore(saved: tuple) -> None:
     torch.set_rng_state(saved[0])
     if saved[1] is not None:
@@ -294,14 +378,19 @@ def _restore(saved: tuple) -> None:
 def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
     """Every fused op's parameters, drawn in op order, and the geometry they give on the
     source image: ``box`` (x0, y0, w, h), ``resize_hw``, ``crop`` (top, left, h, w on the
-    unflipped resized image, or None), the final ``flip`` and the ``jitter`` parameters. None
-    when this image needs what the fused path does not do (a crop larger than the image)."""
+    unflipped resized image, or None), the final ``flip``, the ``jitter`` parameters, ``pixel``
+    (None when the colour steps are jitters alone, else every colour step and its draw, in op
+    order: an AutoAugment-family op among them) and ``erase`` (RandomErasing's box and value,
+    or None). None when this image needs what the fused path does not do (a crop larger than
+    the image)."""
     box = (0, 0, w, h)  # on the source, unflipped
     cur_h, cur_w = h, w  # the current image's size
     resized = False
     flipped = False
     crop = None
     jitter = None
+    pixel: list = []  # the colour steps in op order: (step, its draw)
+    erase = None
     for step in plan.steps:
         kind = step.kind
         if kind == tp.FLIP:
@@ -325,12 +414,25 @@ def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
                 crop = (top, left, ch, cw)
             else:  # a crop of the source: the box itself, resized 1:1
                 box = (left, top, cw, ch)
-                cur_h, cur_w = ch, cw
+            cur_h, cur_w = ch, cw
         elif kind == tp.JITTER:
             jitter = (jitter or []) + [draws.jitter(step)]
+            pixel.append((step, jitter[-1]))
+        elif kind == tp.AUGMENT:
+            from pooled_loader.vision.torchvision import augment_draws
+            if type(step.op).__name__ == "AugMix":
+                drawn = augment_draws.draw_augmix(step.op, step.version, cur_h, cur_w)
+            else:
+                drawn = augment_draws.draw_auto_augment(step.op, step.version, cur_h, cur_w,
+                                                        draws)
+            pixel.append((step, drawn))
+        elif kind == tp.ERASE:
+            from pooled_loader.vision.torchvision import augment_draws
+            erase = augment_draws.draw_erasing(step.op, step.version, 3, cur_h, cur_w)
     resize_hw = (cur_h, cur_w) if not crop else _resized_hw(plan, h, w, box)
     return {"box": box, "resize_hw": resize_hw, "crop": crop, "flip": flipped,
-            "jitter": jitter}
+            "jitter": jitter, "pixel": pixel if len(pixel) != len(jitter or ()) else None,
+            "erase": erase}
 
 
 def _resized_hw(plan: tp.Plan, h: int, w: int, box: tuple) -> tuple[int, int]:

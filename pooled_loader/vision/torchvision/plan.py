@@ -37,9 +37,10 @@ import numpy as np
 import torch
 
 from pooled_loader.vision.ops.crop_box import PYTHON_RANDOM, resized_crop_box
-from pooled_loader.vision.torchvision.table import (CENTER_CROP, DETECTION, FLIP, JITTER,
-                                                    RESIZE, RESIZED_CROP, op_table,
-                                                    resizes_bilinearly)
+from pooled_loader.vision.torchvision.table import (AUGMENT, CENTER_CROP, CONVERT, DETECTION,
+                                                    ERASE, FLIP, JITTER, RESIZE, RESIZED_CROP,
+                                                    op_table, resizes_bilinearly)
+from pooled_loader.vision.torchvision.wrappers import MAX_DEPTH, applied_attribute, why_not_read
 
 @dataclass
 class Step:
@@ -50,6 +51,9 @@ class Step:
     version: str  # "v1", "v2" or "timm": how its parameters are drawn
     size: tuple[int, int] | None = None  # crops: the output (height, width)
     log_ratio: tuple[float, float] | None = None  # RandomResizedCrop's, as torchvision has it
+    # AUGMENT: "interpolation" ("nearest"/"bilinear"), "fill" (None or 3 floats), "arithmetic"
+    # ("pil": the op ran on a PIL image, "tensor": on a uint8 tensor, as AugMix always does)
+    params: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -96,15 +100,38 @@ def _pair(size: Any) -> tuple[int, int] | None:
     return (size[0], size[1]) if len(size) == 2 else None
 
 
-def compose_ops(transform: Any) -> list | None:
-    """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), else None."""
+def _compose(transform: Any) -> list | None:
+    """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), ``[op]`` for one op of
+    the table given alone, else None."""
     if type(transform).__module__.split(".")[0] != "torchvision":
         return None  # not torchvision's (our own Compose, a lambda): torchvision may be absent
     import torchvision.transforms as v1
     import torchvision.transforms.v2 as v2
     if type(transform) in (v1.Compose, v2.Compose):
         return list(transform.transforms)
-    return None
+    return [transform] if type(transform) in op_table() else None
+
+
+def compose_ops(transform: Any) -> list | None:
+    """The ops of a torchvision v1 or v2 ``Compose`` (exact classes), set directly or inside
+    wrappers whose call only applies it (``wrappers.applied_attribute``), else None."""
+    return read_compose(transform)[0]
+
+
+def read_compose(transform: Any) -> tuple[list | None, str]:
+    """(:func:`compose_ops`, ""), or (None, why it is not read: "" for no transform)."""
+    inner = transform
+    for _ in range(MAX_DEPTH + 1):
+        if inner is None:
+            return None, ""
+        ops = _compose(inner)
+        if ops is not None:
+            return ops, ""
+        unwrapped = applied_attribute(inner)
+        if unwrapped is None:
+            return None, why_not_read(inner)
+        inner = unwrapped
+    return None, f"wrappers nested deeper than {MAX_DEPTH}"
 
 
 class _Reader:
@@ -117,6 +144,8 @@ class _Reader:
         self.resized = False  # a resize (or crop) has been taken
         self.cropped = False
         self.jittered = False
+        self.augmented = False  # an AutoAugment-family op has been taken
+        self.erased = False  # a RandomErasing has been taken: only ToPureTensor may follow
 
     def stop(self, why: str) -> bool:
         self.plan.why_stopped = why
@@ -128,7 +157,13 @@ class _Reader:
             return self.stop(f"{type(op).__name__} has no fused equivalent")
         kind, version = found
         plan = self.plan
-        if kind in (RESIZED_CROP, RESIZE, CENTER_CROP):
+        if self.erased and not (kind == CONVERT and type(op).__name__ == "ToPureTensor"):
+            return self.stop(f"{type(op).__name__} after RandomErasing")
+        if kind == AUGMENT:
+            ok = self._augment(op, version)
+        elif kind == ERASE:
+            ok = self._erase(op)
+        elif kind in (RESIZED_CROP, RESIZE, CENTER_CROP):
             ok = self._geometry(op, kind, version)
         elif kind == FLIP:
             ok = True
@@ -145,8 +180,8 @@ class _Reader:
         plan = self.plan
         if plan.state not in ("pil", "u8") or (plan.image_type and version == "v1"):
             return self.stop(f"{type(op).__name__} on a {plan.state} image is left to torchvision")
-        if self.jittered:
-            return self.stop("a geometry op after the colour jitter")
+        if self.jittered or self.augmented:
+            return self.stop("a geometry op after the colour ops")
         if kind == CENTER_CROP:
             if self.cropped:
                 return self.stop("a second CenterCrop")
@@ -168,6 +203,38 @@ class _Reader:
         if kind == RESIZED_CROP and version != "timm":  # float32 logs, as both versions keep
             step.log_ratio = tuple(float(v) for v in torch.log(torch.tensor(op.ratio)))
         plan.steps.append(step)
+        return True
+
+    def _augment(self, op: Any, version: str) -> bool:
+        """An AutoAugment-family op on the uint8 image (vision/ops/autoaugment.py's kernels)."""
+        plan, name = self.plan, type(op).__name__
+        if plan.state not in ("pil", "u8") or (plan.image_type and version == "v1"):
+            return self.stop(f"{name} on a {plan.state} image is left to torchvision")
+        mode = _mode_name(op.interpolation)
+        if mode not in ("nearest", "bilinear"):
+            return self.stop(f"{name}: only nearest and bilinear interpolation are fused")
+        fill = _fill3(op.fill)
+        if fill is False:
+            return self.stop(f"{name}: fill {op.fill!r} not understood")
+        augmix = name == "AugMix"
+        if augmix and (op.mixture_width < 1 or not 1 <= op.severity <= 10):
+            return self.stop(f"{name}: its arguments are left to torchvision to check")
+        self.augmented = True
+        arithmetic = "pil" if plan.state == "pil" and not augmix else "tensor"
+        plan.steps.append(Step(AUGMENT, op, version, params={
+            "interpolation": mode, "fill": fill, "arithmetic": arithmetic}))
+        return True
+
+    def _erase(self, op: Any) -> bool:
+        """RandomErasing on the float image, in its slot row."""
+        if self.plan.state != "float":
+            return self.stop(f"RandomErasing of a {self.plan.state} image is left to torchvision")
+        value = op.value
+        if not (value == "random" or value is None or isinstance(value, (int, float))
+                or (isinstance(value, (list, tuple)) and len(value) in (1, 3))):
+            return self.stop(f"RandomErasing: value {value!r} is left to torchvision")
+        self.erased = True
+        self.plan.steps.append(Step(ERASE, op, "v2" if "v2" in type(op).__module__ else "v1"))
         return True
 
     def _jitter(self, op: Any, version: str) -> bool:
@@ -226,6 +293,28 @@ class _Reader:
         else:
             return self.stop(f"{name} has no fused equivalent")
         return True
+
+
+def _mode_name(mode: Any) -> str:
+    """An op's interpolation as torchvision's ``InterpolationMode`` value ("nearest", ...):
+    v1 keeps the enum, v2 a string or the enum."""
+    return str(getattr(mode, "value", mode))
+
+
+def _fill3(fill: Any) -> tuple[float, float, float] | None | bool:
+    """An AutoAugment-family op's ``fill`` as the kernels take it: None (zeros) or one value per
+    channel; False when it is not understood (then the op is left to torchvision)."""
+    if fill is None:
+        return None
+    if isinstance(fill, (int, float)):
+        return (float(fill),) * 3
+    try:
+        values = [float(f) for f in fill]
+    except (TypeError, ValueError):
+        return False
+    if len(values) == 1:
+        values *= 3
+    return tuple(values) if len(values) == 3 else False
 
 
 def read_plan(transform: Any, start: str = "pil") -> Plan | None:

@@ -5,7 +5,8 @@ resample as our kernels do.
 op does) to ``(kind, version)``: the kind of fused step it becomes and how its parameters are
 drawn ("v1", "v2" or "timm"). Both translators read it: ``plan.read_plan`` (a classification
 ``Compose``: crops, resizes, flip, colour jitter and the conversions to a tensor) and
-``detection`` (a v2 detection ``Compose``: the same geometry plus the kinds in ``DETECTION``).
+``detection`` (a v2 detection ``Compose``: the same geometry plus the kinds in ``DETECTION``;
+the detection translator takes none of ``AUGMENT``/``ERASE``).
 An op's kind the reading path has no step for ends its fused prefix (classification) or leaves
 the dataset to torchvision (detection), as an op missing from the table does.
 
@@ -27,6 +28,7 @@ from typing import Any
 # kinds of step (``Step.kind`` and the detection translator's dispatch)
 RESIZED_CROP, RESIZE, CENTER_CROP, FLIP, JITTER, CONVERT = (
     "resized_crop", "resize", "center_crop", "flip", "jitter", "convert")
+AUGMENT, ERASE = "augment", "erase"  # the AutoAugment family (on the crop), RandomErasing
 IOU_CROP, ZOOM_OUT, SHORTEST_SIZE, PAD, CLAMP_BOXES, SANITIZE = (
     "iou_crop", "zoom_out", "shortest_size", "pad", "clamp_boxes", "sanitize")
 DETECTION = (IOU_CROP, ZOOM_OUT, SHORTEST_SIZE, PAD, CLAMP_BOXES, SANITIZE)  # targets only
@@ -48,6 +50,11 @@ def op_table() -> dict:
         v2.PILToTensor: (CONVERT, "v2"), v2.ToImage: (CONVERT, "v2"),
         v2.ToDtype: (CONVERT, "v2"), v2.Normalize: (CONVERT, "v2"),
         v2.ToPureTensor: (CONVERT, "v2"),
+        v1.TrivialAugmentWide: (AUGMENT, "v1"), v2.TrivialAugmentWide: (AUGMENT, "v2"),
+        v1.RandAugment: (AUGMENT, "v1"), v2.RandAugment: (AUGMENT, "v2"),
+        v1.AutoAugment: (AUGMENT, "v1"), v2.AutoAugment: (AUGMENT, "v2"),
+        v1.AugMix: (AUGMENT, "v1"), v2.AugMix: (AUGMENT, "v2"),
+        v1.RandomErasing: (ERASE, "v1"), v2.RandomErasing: (ERASE, "v2"),
         v2.RandomIoUCrop: (IOU_CROP, "v2"), v2.RandomZoomOut: (ZOOM_OUT, "v2"),
         v2.RandomShortestSize: (SHORTEST_SIZE, "v2"), v2.Pad: (PAD, "v2"),
         v2.ClampBoundingBoxes: (CLAMP_BOXES, "v2"), v2.SanitizeBoundingBoxes: (SANITIZE, "v2"),
@@ -78,5 +85,5 @@ def resizes_bilinearly(op: Any, version: str, tensor: bool) -> bool:
 
 
 __all__ = ["op_table", "resizes_bilinearly", "DETECTION", "RESIZED_CROP", "RESIZE",
-           "CENTER_CROP", "FLIP", "JITTER", "CONVERT", "IOU_CROP", "ZOOM_OUT", "SHORTEST_SIZE",
+           "CENTER_CROP", "FLIP", "JITTER", "CONVERT", "AUGMENT", "ERASE", "IOU_CROP", "ZOOM_OUT", "SHORTEST_SIZE",
            "PAD", "CLAMP_BOXES", "SANITIZE"]
