@@ -122,7 +122,7 @@ def test_colour_ops_bit_exact(images, name):
 
 # ---------------------------------------------------------------- geometric ops
 
-@pytest.mark.parametrize("fill", [None, FILL], ids=["nofill", "fill"])
+@pytest.mark.parametrize("fill", [None, [0.0, 0.0, 0.0], FILL], ids=["none", "zeros", "fill"])
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
 @pytest.mark.parametrize("name", GEOMETRIC)
 def test_geometric_ops(images, name, interpolation, fill):

@@ -323,3 +323,42 @@ def test_a_collate_fn_that_is_not_just_the_mix_runs_as_is(folder, caplog):
     assert "in the slot" not in _line(caplog)
     for (xa, ya), (xb, yb) in zip(want, got):
         assert torch.equal(ya, yb)
+
+
+# -- timm -----------------------------------------------------------------------------------------
+
+def test_timms_rand_augment_recipe_gives_dataloaders_draws(folder, caplog):
+    timm_data = pytest.importorskip("timm.data")
+    transform = timm_data.create_transform(64, is_training=True,
+                                           auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
+    ds = datasets.ImageFolder(folder, transform)
+    with caplog.at_level(logging.INFO, logger="pooled_loader"):
+        want, got, _ = _pair(ds, seed=1)
+    assert "as is []" in _line(caplog), _line(caplog)
+    means = []
+    for (xa, ya), (xb, yb) in zip(want, got):
+        assert xb.shape == xa.shape and xb.dtype == xa.dtype and torch.equal(ya, yb)
+        assert torch.equal((xa == 0).all(1), (xb == 0).all(1))  # the same boxes erased
+        means += [float(d.mean()) for d in (_levels(xa) - _levels(xb)).abs()]
+    assert max(means) <= 6.0 and float(np.median(means)) <= 0.5, means
+
+
+def test_timms_posterize_to_zero_bits_fails_as_it_does_under_dataloader(folder):
+    """timm's PosterizeIncreasing at magnitude 10 keeps 0 bits, which this Pillow refuses:
+    the sample fails under PooledLoader as under DataLoader, with Pillow's words."""
+    timm_aa = pytest.importorskip("timm.data.auto_augment")
+    import timm.data.transforms  # noqa: F401 - the crop's class in the op table
+    op = timm_aa.RandAugment([timm_aa.AugmentOp("PosterizeIncreasing", prob=1.0, magnitude=10)],
+                             num_layers=1)
+    ds = datasets.ImageFolder(folder, v1.Compose([v1.RandomResizedCrop(32), op, v1.ToTensor()]))
+    from PIL import Image, ImageOps
+    try:
+        ImageOps.posterize(Image.new("RGB", (1, 1)), 0)
+    except ValueError as e:
+        words = str(e)
+    else:
+        pytest.skip("this Pillow posterizes to 0 bits")
+    with pytest.raises(ValueError, match=words):
+        next(iter(DataLoader(ds, batch_size=2, num_workers=2)))
+    with pytest.raises(ValueError, match=words):
+        next(iter(PooledLoader(ds, batch_size=2, num_workers=2)))

@@ -1,4 +1,4 @@
-"""AutoAugment-family pixel ops on a uint8 CHW image, in place, in torchvision's or timm's arithmetic.
+"""AutoAugment-family pixel ops, in place on a uint8 CHW image, as torchvision or timm does them.
 
 ``apply_op(img, name, magnitude, ...)`` does what ``torchvision.transforms.autoaugment._apply_op``
 does for the same op name and magnitude (v2's ``_apply_image_or_video_transform`` is the same
@@ -11,32 +11,39 @@ mixing, ``apply_timm_op`` timm's RandAugment ops (Pillow arithmetic). Every op o
 ``rand-*`` op lists maps (and the non-"Increasing" variants, Desaturate); timm's GaussianBlur,
 GaussianBlurRand (AutoAugment "3a" only) do not.
 
-How: colour ops are 256-entry tables (``cv2.LUT``) or float32 passes with ``out=``; Sharpness is
-``cv2.filter2D`` (Pillow's SMOOTH, exact) then a float32 blend; geometric ops are
-``cv2.warpAffine`` per plane with the inverse matrix moved to OpenCV's integer pixel centres
-(PIL samples at ``x + 0.5``, ``grid_sample(align_corners=False)`` at the centred grid). For
-Pillow's bilinear/bicubic the border is Pillow's (edge pixels replicated, fill where the sample
-point falls outside), from a nearest warp of a blank plane. Temporaries live in the caller's
-``Scratch`` (names ``aa.*``): nothing is allocated per call in steady state but a few 256-entry
-tables and the 2x3 matrix.
+How: colour ops are 256-entry tables (``cv2.LUT``) or float32 passes with ``out=`` (v2's FMAs
+reproduced in float64); Sharpness is ``cv2.filter2D`` (Pillow's SMOOTH, exact) then the blend;
+translations are whole-pixel copies. Nearest rotate/shear gather through ``cv2.remap`` with
+source indices computed as the reference does (Pillow's 16.16 fixed point, v2's float32 grid),
+so ties break the same way. Bilinear/bicubic are ``cv2.warpAffine`` on float32 planes with the
+inverse matrix moved to OpenCV's pixel centres, then truncated (Pillow) or rounded half to even
+(tensors); Pillow's border (edge pixels replicated, fill where the sample point is outside)
+comes from a nearest warp of a blank plane, v2's fill blend from a warped ones plane.
+Temporaries live in the caller's ``Scratch`` (names ``aa.*``): steady-state calls allocate only
+O(256 + H + W) temporaries (tables, index vectors) and the 2x3 matrix.
 
-Measured against torchvision 0.29 / Pillow 13 / timm on real JPEGs (tests/test_autoaugment_ops.py;
-mean / max abs difference over all pixels; "=" bit-exact):
+Measured against torchvision 0.29 / Pillow 13 / timm 1.0.31 on JPEGs (223x171, 224x224, grey and
+CMYK sources), the magnitudes of tests/test_autoaugment_ops.py, fill None / zeros / per channel;
+worst case over images and magnitudes of mean abs diff / max abs diff ("=": bit-exact):
 
-============================  ===================  ========================================
-op                            pil                  tensor (v2; v1 where it differs)
-============================  ===================  ========================================
-Identity, Invert, Posterize,  =                    =
-Solarize, Equalize,
-AutoContrast
-Brightness, Color, Contrast   =                    = (v1 Color/Contrast: <= 1)
-Sharpness                     =                    = (v1: <= 1)
-TranslateX/Y                  =                    =
-ShearX/Y, Rotate nearest      TBD                  TBD
-ShearX/Y, Rotate bilinear     TBD                  TBD
-AugMix mix                                         TBD
-timm ops                      TBD
-============================  ===================  ========================================
+=====================================  ============  ==================  ================
+op                                     pil           tensor v2           tensor v1
+=====================================  ============  ==================  ================
+Identity, Invert, Posterize, Solarize  =             =                   =
+Equalize, Brightness, Contrast         =             =                   =
+AutoContrast / Color / Sharpness       =             =                   .011 .014 .086 /1
+TranslateX/Y (any interpolation)       =             =                   =
+ShearX/Y, Rotate: nearest              =             =                   =
+ShearX/Y, Rotate: bilinear             .0007 / 1     .030 / 1            .030 / 1
+Rotate, Shear, Translate: bicubic      .29 / 9       (refused)
+AugMix mix, nearest / bilinear                       = / .01 / 1         .001 / 1, .01 / 1
+timm colour and table ops              =
+timm Rotate/ShearX/Y bilinear          .0007 / 1
+timm TranslateX/YRel bilinear          .034 / 1
+=====================================  ============  ==================  ================
+
+Bicubic is OpenCV's a=-0.75 kernel against Pillow's a=-1. Pillow >= 10 refuses Posterize with 0
+bits (timm's PosterizeIncreasing at level 10 raises there); here it gives zeros, as tensors do.
 """
 from __future__ import annotations
 
@@ -78,10 +85,10 @@ def _to_u8(values: np.ndarray) -> np.ndarray:
     return np.clip(values, 0, 255).astype(np.uint8)
 
 
-def _posterize_lut(bits: int) -> np.ndarray:
-    if bits >= 8:
-        return np.arange(256, dtype=np.uint8)
-    return (np.arange(256) & (~((1 << (8 - max(bits, 0))) - 1) & 0xFF)).astype(np.uint8)
+def _posterize_(img: np.ndarray, bits: int) -> None:
+    """Keep the ``bits`` high bits (0 bits: all zero, as tensors; 8 or more: unchanged)."""
+    if bits < 8:
+        np.bitwise_and(img, np.uint8(0xFF & ~((1 << (8 - max(bits, 0))) - 1)), out=img)
 
 
 def _solarize_lut(threshold: float, tensor: bool) -> np.ndarray:
@@ -252,10 +259,11 @@ def _to_cv(m: Sequence[float], w: int, h: int, pil: bool) -> np.ndarray:
     return np.array([[a, b, c + ox - a * ox - b * oy], [d, e, f + oy - d * ox - e * oy]])
 
 
-def _fill_values(fill, pil: bool) -> tuple[float, ...]:
-    """Per-channel fill: Pillow's fillcolor takes ``int(v)``; the tensor path keeps the floats."""
+def _fill_values(fill, pil: bool) -> tuple[float, ...] | None:
+    """Per-channel fill: Pillow's fillcolor takes ``int(v)``; the tensor path keeps the floats
+    (None stays None there: zero padding, where a given fill, zeros included, is blended)."""
     if fill is None:
-        return (0.0, 0.0, 0.0)
+        return (0.0, 0.0, 0.0) if pil else None
     vals = [fill] if isinstance(fill, (int, float)) else list(fill)
     vals = vals * 3 if len(vals) == 1 else vals
     return tuple(float(int(v)) if pil else float(v) for v in vals)
@@ -269,6 +277,7 @@ def _warp_(img: np.ndarray, lib_m: Sequence[float], interpolation: str, fill: tu
     cv2 = _get_cv2()
     h, w = img.shape[1:]
     if interpolation == "nearest":
+        fill = fill or (0.0, 0.0, 0.0)
         mx, my = _nearest_maps(lib_m, w, h, pil, scratch)
         src = scratch.array("aa.src", img.shape, np.uint8)
         np.copyto(src, img)
@@ -292,7 +301,7 @@ def _warp_(img: np.ndarray, lib_m: Sequence[float], interpolation: str, fill: tu
                        borderMode=cv2.BORDER_CONSTANT, borderValue=1)
         outside = scratch.array("aa.outside", (h, w), np.bool_)
         np.not_equal(mask, 0, out=outside)
-    elif any(fill):  # v2: mask * (sample - fill) + fill, mask the warped ones plane
+    elif fill is not None:  # v2: mask * (sample - fill) + fill, mask the warped ones plane
         f.fill(1)
         cv2.warpAffine(f, m, (w, h), dst=mask, flags=flags, borderMode=cv2.BORDER_CONSTANT)
     for c in range(img.shape[0]):
@@ -305,7 +314,7 @@ def _warp_(img: np.ndarray, lib_m: Sequence[float], interpolation: str, fill: tu
             np.copyto(img[c], o, casting="unsafe")
             np.copyto(img[c], np.uint8(fill[c]), where=outside)
             continue
-        if any(fill):
+        if fill is not None:
             o -= _F32(fill[c])
             o *= mask
             o += _F32(fill[c])
@@ -376,6 +385,7 @@ def _shift_(img: np.ndarray, shift: tuple[int, int], fill: tuple, scratch: Scrat
     """out[y, x] = img[y - dy, x - dx], fill (rounded: the tensor path's ``round_``) elsewhere."""
     dx, dy = shift
     h, w = img.shape[1:]
+    fill = fill or (0.0, 0.0, 0.0)
     src = scratch.array("aa.src", img.shape, np.uint8)
     np.copyto(src, img)
     for c in range(img.shape[0]):
@@ -438,7 +448,7 @@ def apply_op(img: np.ndarray, name: str, magnitude: float, *, interpolation: str
     elif name == "Sharpness":
         _sharpness_(img, 1.0 + magnitude, tensor, scratch)
     elif name == "Posterize":
-        _lut_all(img, _posterize_lut(int(magnitude)))
+        _posterize_(img, int(magnitude))
     elif name == "Solarize":
         _lut_all(img, _solarize_lut(magnitude, tensor))
     elif name == "AutoContrast":
@@ -491,6 +501,14 @@ TIMM_OPS = frozenset({"AutoContrast", "Equalize", "Invert", "Rotate", "Posterize
 _TIMM_ENHANCE = {"Brightness": 0, "Contrast": 1, "Color": 2}
 
 
+def _pillow_posterize_check(bits: int) -> None:
+    """Raise what the installed Pillow's ``ImageOps.posterize`` raises for ``bits`` (outside
+    1..8: Pillow 13 refuses 0, older ones gave black), on a 1x1 image."""
+    if not 1 <= bits <= 8:
+        from PIL import Image, ImageOps
+        ImageOps.posterize(Image.new("RGB", (1, 1)), bits)
+
+
 def apply_timm_op(img: np.ndarray, name: str, level_args: tuple, *, resample: str,
                   fill: Sequence[int] | int | None, scratch: Scratch) -> None:
     """timm's ``auto_augment`` op ``name`` (a key of its ``NAME_TO_OP``) in place, in Pillow's
@@ -510,7 +528,10 @@ def apply_timm_op(img: np.ndarray, name: str, level_args: tuple, *, resample: st
         apply_op(img, name, 0.0, interpolation="nearest", fill=None, arithmetic="pil",
                  scratch=scratch)
     elif base == "Posterize":
-        _lut_all(img, _posterize_lut(int(level_args[0])))
+        bits = int(level_args[0])
+        if bits < 8:  # timm hands Pillow what it keeps: Pillow's own bounds (13 refuses 0)
+            _pillow_posterize_check(bits)
+            _posterize_(img, bits)
     elif base == "Solarize":
         _lut_all(img, _solarize_lut(level_args[0], tensor=False))
     elif name == "SolarizeAdd":

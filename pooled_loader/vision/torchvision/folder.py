@@ -256,7 +256,8 @@ class FusedFolder(LoaderHooks):
         if plan.start == "u8" and not (hdr.turbo and hdr.frame is not None
                                        and hdr.frame.colorspace in plan.colorspaces):
             raise _Fallback  # decode_image's own output (channels, colour conversion)
-        saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None)
+        saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None,
+                 np.random.get_state() if plan.numpy_random else None)
         geo = _draw(plan, self.draws, hdr.height, hdr.width)
         if geo is None:
             _restore(saved)
@@ -323,6 +324,11 @@ class FusedFolder(LoaderHooks):
                 jitter_into(u8, [drawn], self.scratch)
                 continue
             p = step.params
+            if step.version == "timm":
+                for name, args, resample in drawn:
+                    aa.apply_timm_op(u8, name, args, resample=resample or "bilinear",
+                                     fill=p["fill"], scratch=self.scratch)
+                continue
             if type(step.op).__name__ == "AugMix":
                 m0, chains = drawn
                 if step.version == "v2":
@@ -358,21 +364,23 @@ def _as_v1(ops: list) -> list:
     return [(name, 255.0 * m if name == "Solarize" else m) for name, m in ops]
 
 
-def _erase(out: np.ndarray, drawn: tuple) -> None:
-    """RandomErasing's box written into the float CHW image: one value per channel, or the
-    op's own random values (a (c, h, w) tensor)."""
-    top, left, h, w, value = drawn
-    region = out[:, top:top + h, left:left + w]
-    if isinstance(value, torch.Tensor):
-        np.copyto(region, value.numpy())
-    else:
-        region[...] = np.asarray(value, np.float32).reshape(-1, 1, 1)
+def _erase(out: np.ndarray, boxes: list) -> None:
+    """RandomErasing's boxes (top, left, h, w, value) written into the float CHW image in
+    turn: one value per channel, or the op's own values (a (c, h, w) or (c, 1, 1) tensor)."""
+    for top, left, h, w, value in boxes:
+        region = out[:, top:top + h, left:left + w]
+        if isinstance(value, torch.Tensor):
+            np.copyto(region, value.numpy())  # broadcasts a (c, 1, 1) value
+        else:
+            region[...] = np.asarray(value, np.float32).reshape(-1, 1, 1)
 
 
 def _restore(saved: tuple) -> None:
     torch.set_rng_state(saved[0])
     if saved[1] is not None:
         random.setstate(saved[1])
+    if saved[2] is not None:
+        np.random.set_state(saved[2])
 
 
 def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
@@ -420,7 +428,9 @@ def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
             pixel.append((step, jitter[-1]))
         elif kind == tp.AUGMENT:
             from pooled_loader.vision.torchvision import augment_draws
-            if type(step.op).__name__ == "AugMix":
+            if step.version == "timm":
+                drawn = augment_draws.draw_timm_rand_augment(step.op, cur_h, cur_w)
+            elif type(step.op).__name__ == "AugMix":
                 drawn = augment_draws.draw_augmix(step.op, step.version, cur_h, cur_w)
             else:
                 drawn = augment_draws.draw_auto_augment(step.op, step.version, cur_h, cur_w,
@@ -428,7 +438,10 @@ def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
             pixel.append((step, drawn))
         elif kind == tp.ERASE:
             from pooled_loader.vision.torchvision import augment_draws
-            erase = augment_draws.draw_erasing(step.op, step.version, 3, cur_h, cur_w)
+            erase = (augment_draws.draw_timm_erasing(step.op, 3, cur_h, cur_w)
+                     if step.version == "timm" else
+                     [augment_draws.draw_erasing(step.op, step.version, 3, cur_h, cur_w)])
+            erase = [box for box in erase if box is not None] or None
     resize_hw = (cur_h, cur_w) if not crop else _resized_hw(plan, h, w, box)
     return {"box": box, "resize_hw": resize_hw, "crop": crop, "flip": flipped,
             "jitter": jitter, "pixel": pixel if len(pixel) != len(jitter or ()) else None,

@@ -68,7 +68,8 @@ class Plan:
     image_type: bool = False  # a tv_tensors.Image (v2 ToImage) rather than a plain tensor
     mul: tuple[float, ...] = (1.0, 1.0, 1.0)  # float state: value = v * mul + add per channel
     add: tuple[float, ...] = (0.0, 0.0, 0.0)
-    python_random: bool = False  # a step draws from Python's random (timm's crop)
+    python_random: bool = False  # a step draws from Python's random (timm's crop, ...)
+    numpy_random: bool = False  # a step draws from numpy's global RNG (timm's RandAugment)
     fused_names: list[str] = field(default_factory=list)
     why_stopped: str = ""  # why the first op of ``rest`` is not fused
 
@@ -210,6 +211,8 @@ class _Reader:
         plan, name = self.plan, type(op).__name__
         if plan.state not in ("pil", "u8") or (plan.image_type and version == "v1"):
             return self.stop(f"{name} on a {plan.state} image is left to torchvision")
+        if version == "timm":
+            return self._timm_augment(op)
         mode = _mode_name(op.interpolation)
         if mode not in ("nearest", "bilinear"):
             return self.stop(f"{name}: only nearest and bilinear interpolation are fused")
@@ -225,10 +228,34 @@ class _Reader:
             "interpolation": mode, "fill": fill, "arithmetic": arithmetic}))
         return True
 
+    def _timm_augment(self, op: Any) -> bool:
+        """timm's RandAugment: its ops on a PIL image, drawn from numpy's and Python's RNGs."""
+        from pooled_loader.vision.ops.autoaugment import TIMM_OPS
+        plan = self.plan
+        if plan.state != "pil":
+            return self.stop("timm's RandAugment on a tensor is left to timm")
+        names = {o.name for o in op.ops}
+        if not names <= TIMM_OPS:
+            return self.stop(f"timm's RandAugment with {sorted(names - TIMM_OPS)} is left to timm")
+        fills = {_fill3(o.kwargs.get("fillcolor")) for o in op.ops}
+        if len(fills) != 1 or False in fills:
+            return self.stop("timm's RandAugment: fillcolor not understood")
+        self.augmented = True
+        plan.python_random = plan.numpy_random = True
+        plan.steps.append(Step(AUGMENT, op, "timm", params={"fill": fills.pop()}))
+        return True
+
     def _erase(self, op: Any) -> bool:
         """RandomErasing on the float image, in its slot row."""
         if self.plan.state != "float":
             return self.stop(f"RandomErasing of a {self.plan.state} image is left to torchvision")
+        if type(op).__module__.startswith("timm"):
+            if str(getattr(op, "device", "cpu")) != "cpu":
+                return self.stop("timm's RandomErasing on a device is left to timm")
+            self.erased = True
+            self.plan.python_random = True
+            self.plan.steps.append(Step(ERASE, op, "timm"))
+            return True
         value = op.value
         if not (value == "random" or value is None or isinstance(value, (int, float))
                 or (isinstance(value, (list, tuple)) and len(value) in (1, 3))):

@@ -59,11 +59,17 @@ def op_table() -> dict:
         v2.RandomShortestSize: (SHORTEST_SIZE, "v2"), v2.Pad: (PAD, "v2"),
         v2.ClampBoundingBoxes: (CLAMP_BOXES, "v2"), v2.SanitizeBoundingBoxes: (SANITIZE, "v2"),
     }
-    try:  # timm's training crop and its ToTensor (only when timm is already imported)
+    try:  # timm's training crop, ToTensor, RandAugment and RandomErasing (when imported)
         timm_t = sys.modules.get("timm.data.transforms")
         if timm_t is not None:
             table[timm_t.RandomResizedCropAndInterpolation] = (RESIZED_CROP, "timm")
             table[timm_t.MaybeToTensor] = (CONVERT, "v1")
+        timm_aa = sys.modules.get("timm.data.auto_augment")
+        if timm_aa is not None:
+            table[timm_aa.RandAugment] = (AUGMENT, "timm")
+        timm_re = sys.modules.get("timm.data.random_erasing")
+        if timm_re is not None:
+            table[timm_re.RandomErasing] = (ERASE, "timm")
     except AttributeError:
         pass
     return table
