@@ -362,3 +362,26 @@ def test_timms_posterize_to_zero_bits_fails_as_it_does_under_dataloader(folder):
         next(iter(DataLoader(ds, batch_size=2, num_workers=2)))
     with pytest.raises(ValueError, match=words):
         next(iter(PooledLoader(ds, batch_size=2, num_workers=2)))
+
+
+def test_the_mix_in_process_and_with_a_callable_object_collate(folder):
+    """num_workers=0 mixes in the main process as DataLoader's collate does; a collate object
+    whose ``__call__`` is ``return self.mix(*default_collate(batch))`` is read too."""
+    class Collate:
+        def __init__(self, mix):
+            self.mix = mix
+
+        def __call__(self, batch):
+            return self.mix(*default_collate(batch))
+
+    ds = datasets.ImageFolder(folder, Preset(use_v2=True))
+    kw = dict(batch_size=4, num_workers=0, shuffle=True, drop_last=True,
+              collate_fn=Collate(_mixes("v2")))
+    torch.manual_seed(2)
+    want = list(DataLoader(ds, generator=torch.Generator().manual_seed(4), **kw))
+    torch.manual_seed(2)
+    loader = PooledLoader(ds, generator=torch.Generator().manual_seed(4), **kw)
+    got = list(loader)
+    assert loader._fused is not None and loader._fused.mix is not None
+    for (xa, ya), (xb, yb) in zip(want, got):
+        assert torch.equal(ya, yb) and (xa - xb).abs().mean() <= 0.03

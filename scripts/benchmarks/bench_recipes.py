@@ -3,7 +3,7 @@
 timm's RandAugment train transform, unchanged, under PooledLoader against DataLoader, same run.
 
     python scripts/benchmarks/bench_recipes.py [--data DIR] [--n 1024] [--rounds 3]
-        [--batch 64] [--workers 2] [--reference DIR] [--only NAMES]
+        [--batch 64] [--workers 2] [--reference DIR] [--only NAMES]  (--n 2048)
 
 ``--reference DIR``: a checkout of torchvision's ``references/classification`` (its
 ``presets.py`` and ``transforms.py`` are imported from there, as its ``train.py`` does, and the
@@ -22,7 +22,8 @@ reference passes it; the loader class is the only difference):
   RandomMixUp/RandomCutMix, or v2's MixUp/CutMix without --reference)
 - ra: ``--auto-augment ra``; augmix: ``--auto-augment augmix``; aa: ``--auto-augment imagenet``
 - timm ra: ``timm.data.create_transform(224, is_training=True,
-  auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)``
+  auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)`` (with Pillow 12's 0-bit posterize, see
+  ``_pillow12_posterize``: Pillow 13 makes the recipe fail under either loader)
 
 The figure is CPU milliseconds per image (main process + workers, ``getrusage``) over two epochs
 of a fresh loader, a steadier figure than wall time on a shared machine; its ratio per round
@@ -31,10 +32,13 @@ of a fresh loader, a steadier figure than wall time on a shared machine; its rat
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
+import resource
 import statistics
 import sys
+import time
 from types import SimpleNamespace
 
 import torch
@@ -46,7 +50,6 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "scripts", "tools"))
 
-from bench_torchvision_swap import one_epoch  # noqa: E402
 from pooled_loader import PooledLoader  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -139,9 +142,22 @@ def builtin_loader(root: str, recipe: dict, batch: int, workers: int):
     return dataset, _loader_maker(dataset, mixup_cutmix, a)
 
 
+def _pillow12_posterize() -> None:
+    """timm 1.0 hands Pillow 0 bits at magnitude 10 (``PosterizeIncreasing``), which Pillow 13
+    refuses: the recipe fails a few samples an epoch under either loader. Both loaders run here
+    with Pillow 12's answer (black), which the fused path then gives too."""
+    from PIL import Image, ImageOps
+    real = ImageOps.posterize
+
+    def posterize(image: Image.Image, bits: int) -> Image.Image:
+        return image.point(lambda _: 0) if bits == 0 else real(image, bits)
+    ImageOps.posterize = posterize
+
+
 def timm_loader(root: str, batch: int, workers: int):
     import timm.data
     import torchvision
+    _pillow12_posterize()
     transform = timm.data.create_transform(224, is_training=True,
                                            auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
     dataset = torchvision.datasets.ImageFolder(root, transform)
@@ -163,10 +179,36 @@ def _loader_maker(dataset, mixup_cutmix, a):
     return make
 
 
+def _cpu(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def one_epoch(make, expect: int) -> tuple[float, float]:
+    """(images/s of the second of two epochs of a fresh loader, CPU ms per image over both:
+    this process's, and its workers' once reaped). The collections that reap the workers are
+    not counted (a full ``gc.collect`` with torch loaded costs ~0.2 s here, either loader)."""
+    gc.collect()
+    main0, kids0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    loader = make()
+    speed = 0.0
+    for _ in range(2):
+        n, t0 = 0, time.perf_counter()
+        for images, _ in loader:
+            n += len(images)
+        speed = n / (time.perf_counter() - t0)
+        assert n == expect, (n, expect)
+    main = _cpu(resource.RUSAGE_SELF) - main0
+    del loader, images
+    gc.collect()  # the workers are joined: their CPU time is in RUSAGE_CHILDREN
+    kids = _cpu(resource.RUSAGE_CHILDREN) - kids0
+    return speed, (main + kids) / (2 * expect) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/tmp/pooled_recipes")
-    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
