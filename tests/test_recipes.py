@@ -5,7 +5,6 @@ worker processes, against DataLoader from the same seed: the same types and shap
 targets (soft targets bit for bit), the same draws (pixels within the ops' tolerance)."""
 import functools
 import logging
-import math
 
 import pytest
 
@@ -20,6 +19,7 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 import imgutil  # noqa: E402
+from reference_mix import RandomCutMix, RandomMixUp  # noqa: E402
 from pooled_loader import PooledLoader  # noqa: E402
 from pooled_loader.vision.torchvision import plan as tp  # noqa: E402
 
@@ -231,50 +231,6 @@ def test_random_erasing_random_values_are_the_ops_own(folder):
 
 
 # -- MixUp / CutMix -------------------------------------------------------------------------------
-
-class RandomMixUp(torch.nn.Module):
-    """The reference script's ``RandomMixUp`` behaviour (its transforms.py), written here."""
-
-    def __init__(self, num_classes, p=0.5, alpha=1.0, inplace=False):
-        super().__init__()
-        self.num_classes, self.p, self.alpha, self.inplace = num_classes, p, alpha, inplace
-
-    def forward(self, batch, target):
-        batch, target = batch.clone(), target.clone()
-        target = torch.nn.functional.one_hot(target, self.num_classes).to(batch.dtype)
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        rolled, t_rolled = batch.roll(1, 0), target.roll(1, 0)
-        lam = float(torch._sample_dirichlet(torch.tensor([self.alpha, self.alpha]))[0])
-        rolled.mul_(1.0 - lam)
-        batch.mul_(lam).add_(rolled)
-        t_rolled.mul_(1.0 - lam)
-        target.mul_(lam).add_(t_rolled)
-        return batch, target
-
-
-class RandomCutMix(RandomMixUp):
-    """The reference script's ``RandomCutMix`` behaviour, written here."""
-
-    def forward(self, batch, target):
-        batch, target = batch.clone(), target.clone()
-        target = torch.nn.functional.one_hot(target, self.num_classes).to(batch.dtype)
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        rolled, t_rolled = batch.roll(1, 0), target.roll(1, 0)
-        lam = float(torch._sample_dirichlet(torch.tensor([self.alpha, self.alpha]))[0])
-        H, W = batch.shape[-2:]
-        r_x, r_y = torch.randint(W, (1,)), torch.randint(H, (1,))
-        r = 0.5 * math.sqrt(1.0 - lam)
-        rw, rh = int(r * W), int(r * H)
-        x1, y1 = int(torch.clamp(r_x - rw, min=0)), int(torch.clamp(r_y - rh, min=0))
-        x2, y2 = int(torch.clamp(r_x + rw, max=W)), int(torch.clamp(r_y + rh, max=H))
-        batch[:, :, y1:y2, x1:x2] = rolled[:, :, y1:y2, x1:x2]
-        lam = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
-        t_rolled.mul_(1.0 - lam)
-        target.mul_(lam).add_(t_rolled)
-        return batch, target
-
 
 def _mixes(kind):
     n = 3
