@@ -171,8 +171,9 @@ def test_erasing_draws_and_output(c, h, w):
 
 # ---------------------------------------------------------------- MixUp / CutMix
 
+from pooled_loader.vision.torchvision.batch_mix import BatchMix  # noqa: E402
 from pooled_loader.vision.torchvision.mix_draws import (  # noqa: E402
-    MixDraw, apply_mix, draw_mix, is_mix, mix_num_classes)
+    MixDraw, draw_mix, is_mix, mix_num_classes)
 
 
 from reference_mix import RandomCutMix, RandomMixUp  # noqa: E402
@@ -211,8 +212,12 @@ def test_mix_draws_and_arithmetic(version, t, shape):
         draw = draw_mix(t, version, shape, NUM_CLASSES)
         assert _same_states(after_op, _rng_states()), seed
         assert isinstance(draw, MixDraw)
+        _seed(seed)  # the loader's in-place mix, drawing again from the same state
+        mix = BatchMix(t, version, NUM_CLASSES)
         mine = batch.clone()
-        my_labels = apply_mix(draw, mine, target, NUM_CLASSES)
+        my_labels = torch.from_numpy(np.stack([mix.one_hot_into(k, None) for k in target]))
+        mix.apply(mine.numpy(), my_labels.numpy())
+        assert _same_states(after_op, _rng_states()), seed
         assert torch.equal(out, mine), (seed, draw)
         assert labels.dtype == my_labels.dtype and torch.equal(labels, my_labels), (seed, draw)
         if draw.kind == "cutmix":

@@ -140,6 +140,12 @@ def place(leaves: list[Leaf]) -> tuple[list[int], int]:
     return offsets, end
 
 
+def slot_views(slot: np.ndarray, placed: Any) -> list[np.ndarray]:
+    """Numpy views (the storage dtype) of each placed ``(leaf, offset)`` in ``slot``."""
+    return [slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
+            for leaf, off in placed]
+
+
 # ---------------------------------------------------------------------------------------------
 # Trees (walked by trees.py): a sample/batch is flattened into (spec, arrays, metas) and rebuilt
 # from views. Leaf nodes of the spec: ("leaf", i) for arrays[i], ("meta", i) for metas[i].

@@ -26,7 +26,7 @@ from torch.utils.data._utils.collate import default_collate
 from .columns import flat_columns, stack, stacked_tensor, tensor_dict_batch, write_column
 from .layout import (Leaf, StructureMismatch, as_numpy, collated_spec, collated_type,
                      empty_like_tree, extract, flatten, metas_in_sequences, place,
-                     same_structure, unflatten)
+                     same_structure, slot_views, unflatten)
 from .messages import BatchLayout
 from .mismatch import mismatch_message
 from .pool import ArenaMap, SlotRef
@@ -100,8 +100,7 @@ class SlotCollate:
         if total > ref.nbytes:
             ref = self.request_slot(task_id, total, ref)
         slot = self.arenas.slot(ref)
-        for leaf, off, value in zip(out_leaves, offsets, arrays):
-            dst = slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
+        for dst, value in zip(slot_views(slot, zip(out_leaves, offsets)), arrays):
             np.copyto(dst, as_numpy(value), casting="no")  # as_numpy gives the storage dtype
         if convert:  # default_convert, like default_collate, turns tuples into lists
             spec = collated_spec(spec)
@@ -114,9 +113,7 @@ class SlotCollate:
         offsets, total = place(out_leaves)
         if total > len(slot):
             return None
-        views = [slot[off:off + l.nbytes].view(l.storage_dtype).reshape(l.shape)
-                 for l, off in zip(out_leaves, offsets)]
-        return _Rows(out_leaves, offsets, views, total)
+        return _Rows(out_leaves, offsets, slot_views(slot, zip(out_leaves, offsets)), total)
 
     def _collate(self, task_id: int, items: list, ref: SlotRef,
                  fetch: Callable | None) -> BatchLayout:

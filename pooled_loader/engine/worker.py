@@ -29,7 +29,7 @@ from ..core.hooks import LoaderHooks, hooks_of
 from ..core.seeds import sample_seed, seed_globals
 from ..core.stateful import follows_stateful
 from .interrupts import ignore_sigint_in_worker
-from .layout import Leaf
+from .layout import Leaf, slot_views
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        Restore, SetEpoch, Slot, Started, StreamPosition, Task)
 from .pool import ArenaMap, SlotRef
@@ -347,9 +347,7 @@ class BatchMaker(SlotCollate):
 
     def _finished(self, layout: BatchLayout) -> BatchLayout:
         """The dataset's `pooled_finish_batch` on the batch in its slot."""
-        slot = self.arenas.slot(layout.ref)
-        views = [slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
-                 for leaf, off in layout.leaves]
+        views = slot_views(self.arenas.slot(layout.ref), layout.leaves)
         with CLOCK.timing("collate"):
             container = self.hooks.pooled_finish_batch(views)
         if container is not None and layout.spec[0] == "seq":

@@ -29,7 +29,7 @@ from ..core.constants import ALIGN
 from ..core.deferred import DeferredArray, FillFailed
 from ..core.deferred import put as _put
 from ..engine.layout import (Leaf, StructureMismatch, as_numpy, collated_spec, extract, flatten,
-                             place)
+                             place, slot_views)
 from ..engine.messages import BatchLayout
 from ..engine.pool import SlotRef
 from ..engine.slot_collate import collate_metas, tensor_dtype
@@ -205,8 +205,7 @@ def _stacked(column: list[np.ndarray], leaf: Leaf, where: tuple) -> tuple:
 
 def write(p: Plan, slot: np.ndarray) -> None:
     """Fill the bytes of plan `p` in `slot` (a uint8 array of at least `p.nbytes`)."""
-    views = [slot[off:off + leaf.nbytes].view(leaf.storage_dtype).reshape(leaf.shape)
-             for leaf, off in p.leaves]
+    views = slot_views(slot, p.leaves)
     start = 0
     for writer, count in zip(p.writers, p.counts):
         writer(views[start:start + count])

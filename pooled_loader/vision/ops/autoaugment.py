@@ -42,8 +42,9 @@ timm Rotate/ShearX/Y bilinear          .0007 / 1
 timm TranslateX/YRel bilinear          .034 / 1
 =====================================  ============  ==================  ================
 
-Bicubic is OpenCV's a=-0.75 kernel against Pillow's a=-1. Pillow >= 10 refuses Posterize with 0
-bits (timm's PosterizeIncreasing at level 10 raises there); here it gives zeros, as tensors do.
+Bicubic is OpenCV's a=-0.75 kernel against Pillow's a=-1. Posterize to 0 bits gives zeros, as
+tensors do; timm's ops (Pillow's) raise what the installed Pillow raises for it (Pillow 13
+refuses 0 bits, which timm's PosterizeIncreasing asks for at level 10).
 """
 from __future__ import annotations
 
@@ -202,6 +203,9 @@ def _sharpness_(img: np.ndarray, factor: float, tensor: bool, scratch: Scratch) 
             d += blur
         np.clip(d, 0, 255, out=d)
         np.copyto(x, d, casting="unsafe")
+
+
+_ENHANCE = {"Brightness": 0, "Contrast": 1, "Color": 2}  # _enhance_'s ``which``
 
 
 def _enhance_(img: np.ndarray, which: int, factor: float, tensor: bool, scratch: Scratch) -> None:
@@ -439,12 +443,8 @@ def apply_op(img: np.ndarray, name: str, magnitude: float, *, interpolation: str
     tensor = arithmetic == "tensor"
     if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
         _geometric_(img, name, magnitude, interpolation, fill, not tensor, scratch)
-    elif name == "Brightness":
-        _enhance_(img, 0, 1.0 + magnitude, tensor, scratch)
-    elif name == "Contrast":
-        _enhance_(img, 1, 1.0 + magnitude, tensor, scratch)
-    elif name == "Color":
-        _enhance_(img, 2, 1.0 + magnitude, tensor, scratch)
+    elif name in _ENHANCE:
+        _enhance_(img, _ENHANCE[name], 1.0 + magnitude, tensor, scratch)
     elif name == "Sharpness":
         _sharpness_(img, 1.0 + magnitude, tensor, scratch)
     elif name == "Posterize":
@@ -498,7 +498,6 @@ TIMM_OPS = frozenset({"AutoContrast", "Equalize", "Invert", "Rotate", "Posterize
                       "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing",
                       "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel",
                       "TranslateYRel", "Desaturate"})
-_TIMM_ENHANCE = {"Brightness": 0, "Contrast": 1, "Color": 2}
 
 
 def _pillow_posterize_check(bits: int) -> None:
@@ -538,8 +537,8 @@ def apply_timm_op(img: np.ndarray, name: str, level_args: tuple, *, resample: st
         add, thresh = level_args[0], (level_args[1] if len(level_args) > 1 else 128)
         _lut_all(img, np.where(_RAMP < thresh, np.minimum(_RAMP + add, 255), _RAMP)
                  .astype(np.uint8))
-    elif base in _TIMM_ENHANCE:
-        _enhance_(img, _TIMM_ENHANCE[base], float(level_args[0]), False, scratch)
+    elif base in _ENHANCE:
+        _enhance_(img, _ENHANCE[base], float(level_args[0]), False, scratch)
     elif name == "Desaturate":
         _enhance_(img, 2, min(1.0, max(0.0, 1.0 - level_args[0])), False, scratch)
     elif base == "Sharpness":

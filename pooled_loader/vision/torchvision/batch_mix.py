@@ -8,28 +8,26 @@ Run as it is, that collate stacks the batch anew, rolls a copy of it and mixes i
 
 :func:`read_collate` recognises that collate function by its code, never its name: a function
 (or a callable object's ``__call__``) of one argument whose whole body is ``return
-T(*default_collate(arg))``, ``default_collate`` resolving to torch's and ``T`` (a closure
-variable, a global or an attribute of ``self``) to a mix transform
-``mix_draws.is_mix`` recognises. The loader then collates into the slot as it does with no
+T(*default_collate(arg))``, ``default_collate`` resolving to torch's; it returns ``T`` (a
+closure variable, a global or an attribute of ``self``). When ``T`` is a mix transform
+``mix_draws.is_mix`` recognises, the loader then collates into the slot as it does with no
 ``collate_fn``, each sample's target written as its one-hot row (the fused folder dataset
 does it), and :class:`BatchMix` mixes the batch there: the same draws from the same RNG
 (after the batch's samples, in the worker, as under DataLoader), the same soft targets, the
 same float arithmetic, and the tuple the transform returns.
 
-Imports: numpy, torch; torchvision inside functions.
+Imports: numpy, ``wrappers``; torch and torchvision inside functions.
 """
 from __future__ import annotations
 
-import dis
 import types
 from typing import Any
 
 import numpy as np
 
-__all__ = ["read_collate", "BatchMix"]
+from pooled_loader.vision.torchvision.wrappers import plain_instructions
 
-_NOISE = frozenset({"RESUME", "CACHE", "PRECALL", "PUSH_NULL", "KW_NAMES", "NOP",
-                    "COPY_FREE_VARS", "EXTENDED_ARG", "MAKE_CELL"})
+__all__ = ["read_collate", "BatchMix"]
 
 
 def _resolve(fn: types.FunctionType, op: str, name: str, self_obj: Any) -> Any:
@@ -53,40 +51,33 @@ def _resolve(fn: types.FunctionType, op: str, name: str, self_obj: Any) -> Any:
     return None
 
 
-def read_collate(collate_fn: Any) -> tuple[Any, str]:
-    """(the mix transform ``collate_fn`` applies after ``default_collate``, "") or (None, why
-    not: "" when ``collate_fn`` does not call ``default_collate`` in that shape at all)."""
+def read_collate(collate_fn: Any) -> Any:
+    """The object ``collate_fn`` applies to ``*default_collate(batch)`` (whether it is a mix is
+    ``mix_draws.is_mix``'s to say), or None when ``collate_fn`` is not of that shape."""
     from torch.utils.data import default_collate
-
-    from pooled_loader.vision.torchvision.mix_draws import is_mix
     self_obj = None
     fn = collate_fn
     if not isinstance(fn, types.FunctionType):
         call = getattr(type(collate_fn), "__call__", None)
         if not isinstance(call, types.FunctionType) or isinstance(collate_fn, type):
-            return None, ""
+            return None
         fn, self_obj = call, collate_fn
-    code = fn.__code__
     nargs = 2 if self_obj is not None else 1
-    if code.co_argcount != nargs or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200):
-        return None, ""
-    ins = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in _NOISE]
+    ins = plain_instructions(fn, nargs)
+    if ins is None:
+        return None
     if self_obj is not None:  # `self.t` is two instructions: LOAD_FAST self, LOAD_ATTR t
-        if not ins or ins[0] != ("LOAD_FAST", code.co_varnames[0]):
-            return None, ""
+        if not ins or ins[0] != ("LOAD_FAST", fn.__code__.co_varnames[0]):
+            return None
         ins = ins[1:]
-    arg = code.co_varnames[nargs - 1]
+    arg = fn.__code__.co_varnames[nargs - 1]
     if (len(ins) != 6 or ins[1] != ("LOAD_GLOBAL", ins[1][1]) or ins[2] != ("LOAD_FAST", arg)
             or not ins[3][0].startswith("CALL") or ins[4][0] != "CALL_FUNCTION_EX"
             or ins[5][0] != "RETURN_VALUE"):
-        return None, ""
+        return None
     if _resolve(fn, *ins[1], None) is not default_collate:
-        return None, ""
-    transform = _resolve(fn, *ins[0], self_obj)
-    if is_mix(transform) is None:
-        return None, (f"its collate_fn applies {type(transform).__name__} after "
-                      "default_collate, which is not a MixUp/CutMix this loader reads")
-    return transform, ""
+        return None
+    return _resolve(fn, *ins[0], self_obj)
 
 
 class BatchMix:

@@ -38,9 +38,11 @@ import torch
 
 from pooled_loader.core.errors import SampleError
 from pooled_loader.core.hooks import LoaderHooks
+from pooled_loader.vision.torchvision import augment_draws
 from pooled_loader.vision.torchvision import plan as tp
 from pooled_loader.vision.io.buffers import Scratch, read_file
 from pooled_loader.vision.io.decode import decode_crop_into, read_header
+from pooled_loader.vision.ops import autoaugment as aa
 from pooled_loader.vision.ops.jitter import jitter_into
 from pooled_loader.vision.io.kernels import crop_resize_flip_chw
 
@@ -145,11 +147,9 @@ def translate(dataset: Any, logged: str | None = None, collate_fn: Any = None
 
 
 def _preload_augment() -> None:
-    """Import the AutoAugment family's modules (and OpenCV) here, once, rather than in every
-    worker's first sample: forked workers inherit them (~40 ms of CPU a worker start)."""
+    """Import OpenCV here, once, rather than in every worker's first sample: forked workers
+    inherit it (~40 ms of CPU a worker start)."""
     from pooled_loader.vision.io.kernels import _get_cv2
-    from pooled_loader.vision.ops import autoaugment  # noqa: F401
-    from pooled_loader.vision.torchvision import augment_draws  # noqa: F401
     _get_cv2()
 
 
@@ -158,18 +158,22 @@ def _read_mix(dataset: Any, plan: tp.Plan, collate_fn: Any) -> tuple[Any, str]:
     if collate_fn is None:
         return None, ""
     from pooled_loader.vision.torchvision.batch_mix import BatchMix, read_collate
-    transform, why = read_collate(collate_fn)
+    from pooled_loader.vision.torchvision.mix_draws import is_mix, mix_num_classes
+    transform = read_collate(collate_fn)
     if transform is None:
-        return None, f"; collate_fn as is ({why})" if why else ""
+        return None, ""  # not default_collate then a transform: nothing to say
+    version = is_mix(transform)
+    if version is None:
+        return None, (f"; collate_fn as is (it applies {type(transform).__name__} after "
+                      "default_collate, which is not a MixUp/CutMix this loader reads)")
     if plan.rest or plan.state != "float":
         return None, "; collate_fn as is (its MixUp/CutMix needs the whole float image fused)"
     if getattr(dataset, "target_transform", None) is not None:
         return None, "; collate_fn as is (a target_transform runs before its MixUp/CutMix)"
-    from pooled_loader.vision.torchvision.mix_draws import is_mix, mix_num_classes
     num_classes = mix_num_classes(transform)
     if num_classes is None:
         return None, "; collate_fn as is (its mixes disagree on num_classes)"
-    mix = BatchMix(transform, is_mix(transform), num_classes)
+    mix = BatchMix(transform, version, num_classes)
     return mix, f"; in the slot: collate_fn's {mix.describe()}"
 
 
@@ -329,7 +333,6 @@ class FusedFolder(LoaderHooks):
 
     def _colour_steps(self, u8: np.ndarray, pixel: list) -> None:
         """Colour jitters and AutoAugment-family ops on the uint8 CHW image, in op order."""
-        from pooled_loader.vision.ops import autoaugment as aa
         for step, drawn in pixel:
             if step.kind == tp.JITTER:
                 jitter_into(u8, [drawn], self.scratch)
@@ -438,7 +441,6 @@ def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
             jitter = (jitter or []) + [draws.jitter(step)]
             pixel.append((step, jitter[-1]))
         elif kind == tp.AUGMENT:
-            from pooled_loader.vision.torchvision import augment_draws
             if step.version == "timm":
                 drawn = augment_draws.draw_timm_rand_augment(step.op, cur_h, cur_w)
             elif type(step.op).__name__ == "AugMix":
@@ -448,7 +450,6 @@ def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
                                                         draws)
             pixel.append((step, drawn))
         elif kind == tp.ERASE:
-            from pooled_loader.vision.torchvision import augment_draws
             erase = (augment_draws.draw_timm_erasing(step.op, 3, cur_h, cur_w)
                      if step.version == "timm" else
                      [augment_draws.draw_erasing(step.op, step.version, 3, cur_h, cur_w)])

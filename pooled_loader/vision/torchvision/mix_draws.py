@@ -4,9 +4,9 @@ classification script (``references/classification/transforms.py``, not importab
 by name and shape, see :func:`is_mix`).
 
 :func:`draw_mix` consumes torch's global RNG (and Python's ``random`` for v1's RandomChoice)
-call for call as the transform does and returns a :class:`MixDraw`; :func:`apply_mix` is the
-transform's arithmetic on a batch for that draw, bit for bit (tests/test_augment_draws.py
-compares both with the real transforms over many seeds).
+call for call as the transform does and returns a :class:`MixDraw`; ``batch_mix.BatchMix``
+applies it in place in the slot (tests/test_augment_draws.py compares both with the real
+transforms over many seeds, bit for bit).
 """
 from __future__ import annotations
 
@@ -33,16 +33,15 @@ class MixDraw:
             box-adjusted ``1 - box area / image area``; "none": 1.0).
         box: CutMix's (y1, y2, x1, x2): ``batch[..., y1:y2, x1:x2]`` takes the rolled batch's
             pixels; None otherwise.
-        labels: whose label arithmetic: "v2" (``one_hot(target).float()``, float32 whatever the
-            batch dtype; 2-D float labels as they are) or "reference" (``one_hot(target).to(batch.dtype)``). Both then mix as
-            ``rolled * (1 - lam) + own * lam`` with each scalar cast to the labels' dtype, each
-            product rounded, then the sum (the reference writes ``own * lam + rolled * (1 -
-            lam)``: the same value, addition commuting); ``rolled`` is ``roll(1, 0)``.
+
+    The labels are one-hot float32 for a float32 batch either way (v2 ``.float()``, the
+    reference ``.to(batch.dtype)``), mixed as ``rolled * (1 - lam) + own * lam``, each
+    product rounded to float32, then the sum (the reference writes ``own * lam + rolled *
+    (1 - lam)``: the same value, addition commuting); ``rolled`` is ``roll(1, 0)``.
     """
     kind: str
     lam: float
     box: Optional[tuple[int, int, int, int]]
-    labels: str
 
 
 def _v2_classes() -> tuple[type, type, type]:
@@ -121,7 +120,7 @@ def draw_mix(t: Any, version: str, batch_shape: tuple, num_classes: Optional[int
         num_classes: the classes of the one-hot labels (checked against the transform's).
 
     Returns:
-        The :class:`MixDraw` to hand to :func:`apply_mix`.
+        The :class:`MixDraw` (``batch_mix.BatchMix`` applies it).
     """
     known = mix_num_classes(t)
     if known is not None and num_classes is not None and known != num_classes:
@@ -137,16 +136,14 @@ def draw_mix(t: Any, version: str, batch_shape: tuple, num_classes: Optional[int
     cutmix = type(t).__name__ in ("CutMix", "RandomCutMix", "RandomCutmix")
     if version == "v2":
         lam = _sample_lam(t.alpha, (1, 2))  # Beta(alpha, alpha).sample(): a (1, 2) Dirichlet
-        labels = "v2"
     elif version == "reference":
         if torch.rand(1).item() >= t.p:  # compared in float64, after .item()
-            return MixDraw(kind="none", lam=1.0, box=None, labels="reference")
+            return MixDraw(kind="none", lam=1.0, box=None)
         lam = _sample_lam(t.alpha, (2,))
-        labels = "reference"
     else:
         raise ValueError(f"not a recognised mix: {t!r}")
     if not cutmix:
-        return MixDraw(kind="mixup", lam=lam, box=None, labels=labels)
+        return MixDraw(kind="mixup", lam=lam, box=None)
     cx = int(torch.randint(width, (1,)))
     cy = int(torch.randint(height, (1,)))
     r = 0.5 * math.sqrt(1.0 - lam)
@@ -154,26 +151,5 @@ def draw_mix(t: Any, version: str, batch_shape: tuple, num_classes: Optional[int
     x1, x2 = max(cx - half_w, 0), min(cx + half_w, width)
     y1, y2 = max(cy - half_h, 0), min(cy + half_h, height)
     lam = float(1.0 - (x2 - x1) * (y2 - y1) / (width * height))
-    return MixDraw(kind="cutmix", lam=lam, box=(y1, y2, x1, x2), labels=labels)
+    return MixDraw(kind="cutmix", lam=lam, box=(y1, y2, x1, x2))
 
-
-def apply_mix(draw: MixDraw, batch: torch.Tensor, target: torch.Tensor, num_classes: int
-              ) -> torch.Tensor:
-    """Mixes ``batch`` in place as the transform would for ``draw`` and returns the labels
-    (float, (B, num_classes)), with the transform's arithmetic (see :class:`MixDraw`)."""
-    labels = target
-    if target.ndim == 1:
-        labels = torch.nn.functional.one_hot(target, num_classes=num_classes)
-    if draw.labels == "reference":
-        labels = labels.to(dtype=batch.dtype)
-    elif not labels.dtype.is_floating_point:  # v2: 2-D float labels keep their dtype
-        labels = labels.float()
-    if draw.kind == "none":
-        return labels
-    rolled = batch.roll(1, 0)  # a copy: the batch is then written in place
-    if draw.kind == "mixup":
-        batch.mul_(draw.lam).add_(rolled.mul_(1.0 - draw.lam))
-    else:
-        y1, y2, x1, x2 = draw.box
-        batch[..., y1:y2, x1:x2] = rolled[..., y1:y2, x1:x2]
-    return labels.roll(1, 0).mul_(1.0 - draw.lam).add_(labels.mul(draw.lam))

@@ -19,12 +19,25 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["applied_attribute", "why_not_read", "MAX_DEPTH"]
+__all__ = ["applied_attribute", "why_not_read", "plain_instructions", "MAX_DEPTH"]
 
 MAX_DEPTH = 4  # wrappers of wrappers read at most this deep (a cycle must end)
-# instructions that carry no meaning for "return self.attr(arg)" (3.11+ bookkeeping)
+# instructions that carry no meaning for the shapes read here (3.11+ bookkeeping)
 _NOISE = frozenset({"RESUME", "CACHE", "PRECALL", "PUSH_NULL", "KW_NAMES", "NOP",
-                    "COPY_FREE_VARS", "EXTENDED_ARG"})
+                    "COPY_FREE_VARS", "EXTENDED_ARG", "MAKE_CELL"})
+# *args, **kwargs, generator, coroutine, async generator and their variants
+_NOT_PLAIN = 0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200
+
+
+def plain_instructions(fn: types.FunctionType, nargs: int) -> list[tuple[str, Any]] | None:
+    """``fn``'s instructions as (opname, argval), the interpreter's bookkeeping left out; None
+    unless ``fn`` takes exactly ``nargs`` plain positional arguments and is an ordinary function
+    (this module's wrappers and ``batch_mix``'s collate functions are read this way)."""
+    code = fn.__code__
+    if (code.co_argcount != nargs or code.co_kwonlyargcount or code.co_posonlyargcount
+            or code.co_flags & _NOT_PLAIN):
+        return None
+    return [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in _NOISE]
 
 
 def _method(obj: Any) -> tuple[types.FunctionType | None, str]:
@@ -50,12 +63,10 @@ def _has_hooks(module: Any, torch_nn: Any) -> bool:
 
 def _applied_name(fn: types.FunctionType) -> str | None:
     """``name`` when ``fn``'s code is exactly ``return self.name(arg)``, else None."""
-    code = fn.__code__
-    if (code.co_argcount != 2 or code.co_kwonlyargcount or code.co_posonlyargcount
-            or code.co_flags & (0x04 | 0x08 | 0x20 | 0x80 | 0x100 | 0x200)):
-        return None  # *args/**kwargs, generators, coroutines
-    self_name, arg_name = code.co_varnames[:2]
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in _NOISE]
+    ops = plain_instructions(fn, 2)
+    if ops is None:
+        return None
+    self_name, arg_name = fn.__code__.co_varnames[:2]
     if len(ops) != 5 or ops[0] != ("LOAD_FAST", self_name) or ops[2] != ("LOAD_FAST", arg_name):
         return None
     if ops[1][0] not in ("LOAD_ATTR", "LOAD_METHOD") or not ops[3][0].startswith("CALL"):
