@@ -201,8 +201,9 @@ def report_text(s: dict, ranks: list[dict] | None = None) -> str:
         text += (f" The loader's {slowest[1]}." if loader_bound else
                  f" (The loader's {slowest[1].split(';')[0]}: nothing to do while the step is "
                  "slower.)")
-    for note in (s.get("mix") or {}).get("notes", ()):  # pooled_loader.mix's accounting
-        text += " " + note
+    for part in ("mix", "ray"):  # pooled_loader.mix's accounting, pooled_loader.ray's waits
+        for note in (s.get(part) or {}).get("notes", ()):
+            text += " " + note
     if ranks:
         text += " " + ranks_text(ranks)
     return text
