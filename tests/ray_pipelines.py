@@ -104,3 +104,13 @@ def gloo_rank(rank: int, port: int, world: int, address: str, root: str, workdir
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class MarksActor(Marks):
+    """Marks as a class-based UDF (Ray runs it in actors), with the node each row was made on."""
+
+    def __call__(self, batch: dict) -> dict:
+        import ray
+        out = super().__call__(batch)
+        out["node"] = np.array([ray.get_runtime_context().get_node_id()] * len(out["row_id"]))
+        return out

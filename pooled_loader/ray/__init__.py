@@ -9,11 +9,15 @@ Install with ``pip install 'pooled_loader[ray]'``. Three pieces (docs/ray.md):
 """
 from __future__ import annotations
 
+try:
+    import ray.data  # noqa: F401
+except ModuleNotFoundError as _missing:
+    raise ModuleNotFoundError(
+        f"pooled_loader.ray needs Ray Data ({_missing.name} is not installed): "
+        "pip install 'pooled-loader[ray]'", name=_missing.name) from _missing
+
 from .consume import from_ray
 from .sources import read_image_folder, read_webdataset
-try:
-    from .udf import transform
-except ImportError:  # TEMP until udf lands
-    pass
+from .udf import transform
 
 __all__ = ["from_ray", "read_image_folder", "read_webdataset", "transform"]

@@ -262,7 +262,12 @@ class FusedFolder(LoaderHooks):
     # -- one image
 
     def _image(self, path: str, dst: np.ndarray | None) -> Any:
-        data = read_file(path, self.scratch)
+        return self._image_from(read_file(path, self.scratch), dst)
+
+    def _image_from(self, data: Any, dst: np.ndarray | None) -> Any:
+        """The image from the encoded file ``data`` (read from disk, or held in memory: the
+        Ray UDF's rows); raises :class:`_Fallback`, the random state as it was, for one the
+        fused path cannot make."""
         try:
             hdr = read_header(data)
         except SampleError:
