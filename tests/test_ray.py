@@ -165,8 +165,8 @@ def test_webdataset_shards_read_as_rows_in_shard_order(cluster, root, tmp_path):
     from pooled_loader.shards.writer import write_shards
     urls = write_shards(root, str(tmp_path / "s-%03d.tar"), per_shard=25, progress=False, seed=None)
     assert len(urls) == 3
-    rows = read_webdataset(urls).take_all()
-    folder = read_image_folder(root).take_all()
+    rows = sorted(read_webdataset(urls).take_all(), key=lambda r: r["row_id"])
+    folder = sorted(read_image_folder(root).take_all(), key=lambda r: r["row_id"])
     assert [r["row_id"] for r in rows] == list(range(N))
     assert [r["label"] for r in rows] == [r["label"] for r in folder]
     assert [bytes(r["bytes"]) for r in rows] == [bytes(r["bytes"]) for r in folder]
@@ -210,3 +210,25 @@ def test_a_source_reads_the_rows_it_is_given(root):
     assert table.column("path").to_pylist()[0].endswith(os.path.join("ant", "005.jpg"))
     with pytest.raises(ValueError, match=r"in \[0, 60\)"):
         src.with_rows(np.array([60]), 0)
+
+
+def test_reader_transform_from_ray_gives_the_udfs_pixels_in_recycled_slots(cluster, root):
+    import torchvision.transforms as T
+    from pooled_loader.ray import transform
+    t = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(),
+                   T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    udf = transform(t, seed=4)
+    ds = read_image_folder(root).map_batches(udf, concurrency=1, batch_size=8)
+    loader = from_ray(ds, batch_size=6, seed=4, columns=("image", "label", "row_id"))
+    loader.set_epoch(3)
+    rows = {r["row_id"]: r for r in read_image_folder(root).take_all()}
+    direct = udf()
+    slots = set()
+    for image, label, row_id in loader:
+        assert image.shape == (len(row_id), 3, 48, 48) and image.dtype == torch.float32
+        slots.add(image.untyped_storage().data_ptr())
+        batch = {"row_id": row_id.numpy(), "epoch": np.full(len(row_id), 3),
+                 "bytes": np.array([rows[r]["bytes"] for r in row_id.tolist()], dtype=object),
+                 "label": label.numpy()}
+        assert torch.equal(image, torch.from_numpy(direct(batch)["image"]))
+    assert len(slots) <= loader.stats()["slots"]  # the batches live in the pool's recycled slots
