@@ -114,3 +114,19 @@ class MarksActor(Marks):
         out = super().__call__(batch)
         out["node"] = np.array([ray.get_runtime_context().get_node_id()] * len(out["row_id"]))
         return out
+
+
+def train_loop(config: dict) -> None:
+    """A Ray Train worker (TorchTrainer): this rank's rows through Ray Train's shard, and
+    through from_ray(ds, distributed=True) over the Dataset itself."""
+    import ray.train
+    import torch.distributed as dist
+    from pooled_loader.ray import from_ray
+    rank = ray.train.get_context().get_world_rank()
+    shard = ray.train.get_dataset_shard("train")
+    out = {"group": dist.is_initialized(),
+           "shard": [i for b in ids_of(from_ray(shard, batch_size=4)) for i in b],
+           "own": [i for b in ids_of(from_ray(config["ds"], batch_size=4, distributed=True,
+                                               seed=config["seed"])) for i in b]}
+    with open(os.path.join(config["out"], f"train_{rank}.json"), "w") as f:
+        json.dump(out, f)

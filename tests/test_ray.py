@@ -232,3 +232,21 @@ def test_reader_transform_from_ray_gives_the_udfs_pixels_in_recycled_slots(clust
                  "label": label.numpy()}
         assert torch.equal(image, torch.from_numpy(direct(batch)["image"]))
     assert len(slots) <= loader.stats()["slots"]  # the batches live in the pool's recycled slots
+
+
+def test_ray_trains_documented_ingest_works_both_ways(cluster, root, tmp_path):
+    """TorchTrainer with datasets={"train": ds}: get_dataset_shard's split in Ray's order, and
+    the Dataset itself with distributed=True in the loader's exact order."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray_pipelines import train_loop
+    ds = pipeline(root)
+    TorchTrainer(train_loop, train_loop_config={"ds": ds, "out": str(tmp_path), "seed": 6},
+                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 datasets={"train": ds},
+                 run_config=RunConfig(storage_path=str(tmp_path / "results"))).fit()
+    got = [json.load(open(tmp_path / f"train_{r}.json")) for r in range(2)]
+    assert all(g["group"] for g in got)  # the ranks come from Ray Train's process group
+    assert sorted(got[0]["shard"] + got[1]["shard"]) == list(range(N))
+    order = _order(6, 0)
+    assert [g["own"] for g in got] == [order[0::2], order[1::2]]

@@ -300,7 +300,8 @@ def from_ray(ds: Any, batch_size: int = 1, *, distributed: bool = False, seed: i
     for key in ("sampler", "batch_sampler", "shuffle", "dataset"):
         if key in options:
             raise ValueError(f"from_ray: {key} is set by from_ray")
-    if hasattr(ds, "iter_batches") and not hasattr(ds, "_logical_plan"):  # a DataIterator
+    from ray.data import DataIterator
+    if isinstance(ds, DataIterator):  # Ray Train's get_dataset_shard, ds.iterator()
         if distributed:
             raise ValueError("from_ray: a DataIterator is already one rank's split (Ray Train's "
                              "get_dataset_shard); distributed=True is for a Dataset")
