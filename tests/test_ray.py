@@ -250,3 +250,16 @@ def test_ray_trains_documented_ingest_works_both_ways(cluster, root, tmp_path):
     assert sorted(got[0]["shard"] + got[1]["shard"]) == list(range(N))
     order = _order(6, 0)
     assert [g["own"] for g in got] == [order[0::2], order[1::2]]
+
+
+@pytest.mark.parametrize("state", [None, {}, {"delivered": "0-5"}, {"delivered": [[3, 2]]},
+                                   {"delivered": [[0, 1 << 40]]}, {"delivered": [[0, 1.5]]},
+                                   {"delivered": [[0, 2]], "epoch": -1},
+                                   {"delivered": [[0, 2, 4]]}])
+def test_a_corrupt_stream_state_is_refused_by_name(state):
+    from pooled_loader.ray.consume import RayStream
+    stream = RayStream(iterator=None, columns=None, prefetch_blocks=1)
+    with pytest.raises(ValueError, match="the stream state is corrupt"):
+        stream.load_state_dict(state)
+    stream.load_state_dict({"epoch": 2, "delivered": [[0, 3], [7, 9]]})
+    assert stream.epoch == 2 and stream._skip == {0, 1, 2, 7, 8}

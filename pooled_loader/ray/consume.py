@@ -37,6 +37,7 @@ __all__ = ["from_ray", "RayRows", "RayStream"]
 
 HIDDEN = ("epoch", "path")  # columns for bookkeeping and errors, not samples
 PREFETCH_BLOCKS = 2  # Ray blocks fetched ahead of the one being copied
+MAX_DELIVERED = 1 << 26  # row ids a DataIterator state may hold (a hostile one: no MemoryError)
 
 
 class _PositionSampler(ElasticDistributedSampler):
@@ -252,16 +253,24 @@ class RayStream(IterableDataset, LoaderHooks):
         return {"epoch": self.epoch, "delivered": _ranges(sorted(self._seen))}
 
     def load_state_dict(self, state: dict) -> None:
+        def corrupt(why: str) -> ValueError:
+            return ValueError(f"from_ray: the stream state is corrupt: {why}; expected "
+                              "{'epoch': int, 'delivered': [[a, b], ...]}")
         if not isinstance(state, dict) or not isinstance(state.get("delivered"), list):
-            raise ValueError("from_ray: the stream state is corrupt: expected "
-                             "{'epoch': int, 'delivered': [[a, b], ...]}")
-        self.epoch = int(state.get("epoch", 0))
-        self._skip = set()
+            raise corrupt("no 'delivered' list")
+        epoch = state.get("epoch", 0)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise corrupt(f"epoch {epoch!r}")
+        skip: set[int] = set()
         for pair in state["delivered"]:
-            a, b = (int(v) for v in pair)
-            if not 0 <= a < b or b - a > 1 << 31:
-                raise ValueError(f"from_ray: the stream state is corrupt: range {pair!r}")
-            self._skip.update(range(a, b))
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in pair):
+                raise corrupt(f"range {pair!r}")
+            a, b = pair
+            if not 0 <= a < b or len(skip) + b - a > MAX_DELIVERED:
+                raise corrupt(f"range {pair!r} (at most {MAX_DELIVERED} rows in all)")
+            skip.update(range(a, b))
+        self.epoch, self._skip = epoch, skip
 
     def pooled_figures(self, states: list, figures: dict) -> dict:
         return {"ray": dict(self.figures, notes=[
