@@ -218,11 +218,11 @@ def test_reader_transform_from_ray_gives_the_udfs_pixels_in_recycled_slots(clust
     t = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(),
                    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
     udf = transform(t, seed=4)
-    ds = read_image_folder(root).map_batches(udf, concurrency=1, batch_size=8)
+    ds = read_image_folder(root).map_batches(udf, batch_size=8)
     loader = from_ray(ds, batch_size=6, seed=4, columns=("image", "label", "row_id"))
     loader.set_epoch(3)
     rows = {r["row_id"]: r for r in read_image_folder(root).take_all()}
-    direct = udf()
+    direct = type(udf)()
     slots = set()
     for image, label, row_id in loader:
         assert image.shape == (len(row_id), 3, 48, 48) and image.dtype == torch.float32

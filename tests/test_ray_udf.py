@@ -85,7 +85,7 @@ def levels(x, normalized=True):
 
 
 def test_one_array_per_batch_columns_passed_through_and_pixels_fixed_by_row_and_epoch(files):
-    cls = transform(v1_recipe(), seed=3)
+    cls = type(transform(v1_recipe(), seed=3))  # the class: what Ray's actors construct
     b = batch(files)
     out = cls()(b)
     assert set(out) == {"row_id", "epoch", "label", "path", "image"}
@@ -104,7 +104,7 @@ def test_one_array_per_batch_columns_passed_through_and_pixels_fixed_by_row_and_
     later = other(batch(files, epoch=1))["image"]
     # (the refused JPEG decodes mostly to Pillow's flat grey: any crop of it looks the same)
     assert all(not np.array_equal(later[i], image[i]) for i in range(len(files) - 1))
-    reseeded = transform(v1_recipe(), seed=4)()(b)["image"]
+    reseeded = transform(v1_recipe(), seed=4)(b)["image"]
     assert not np.array_equal(reseeded, image)
 
 
@@ -112,7 +112,7 @@ def test_one_array_per_batch_columns_passed_through_and_pixels_fixed_by_row_and_
 def test_pixels_match_torchvision_for_the_same_seed(files, make, caplog):
     t = make()
     with caplog.at_level(logging.INFO, logger="pooled_loader"):
-        inst = transform(t, seed=7)()
+        inst = transform(t, seed=7)
     assert "accelerated Ray transform: fused [" in caplog.text
     for epoch in (0, 2):
         got = inst(batch(files, epoch=epoch))["image"]
@@ -132,7 +132,7 @@ def test_pixels_match_torchvision_for_the_same_seed(files, make, caplog):
 def test_unreadable_transform_runs_as_it_is_and_fallback_rows_match(files, caplog):
     t = v1.Compose([v1.CenterCrop(300), v1.ToTensor()])  # larger than most images: fallbacks
     ids = [0, 2, 4, 6]  # 321x257 (crop too large), 600x451 (fused), a PNG, the refused JPEG
-    inst = transform(t, seed=1)()
+    inst = transform(t, seed=1)
     got = inst(batch(files, ids))["image"]
     for k, i in enumerate(ids):
         want = torchvision_row(t, files[i][0], 1, 0, 100 + i)
@@ -145,7 +145,7 @@ def test_unreadable_transform_runs_as_it_is_and_fallback_rows_match(files, caplo
     op = v1.RandomResizedCrop(40)
     fn = lambda im: v1.functional.pil_to_tensor(op(im))  # noqa: E731
     with caplog.at_level(logging.INFO, logger="pooled_loader"):
-        cls = transform(fn, seed=2)
+        cls = type(transform(fn, seed=2))
     assert "runs as it is (the transform is a lambda" in caplog.text
     got = cls()(batch(files))["image"]
     assert got.shape == (len(files), 3, 40, 40) and got.dtype == np.uint8
@@ -158,7 +158,7 @@ def test_pooled_loader_own_compose_runs_on_the_bytes(files):
     t = vision.Compose([vision.DecodeImage(), vision.RandomResizedCrop(48),
                         vision.RandomHorizontalFlip(), vision.ToCHW()])
     jpegs = [0, 1, 2, 5]
-    got = transform(t, seed=5)()(batch(files, jpegs))["image"]
+    got = transform(t, seed=5)(batch(files, jpegs))["image"]
     assert got.shape == (4, 3, 48, 48) and got.dtype == np.uint8
     for k, i in enumerate(jpegs):
         seed_globals(sample_seed(5, 0, 100 + i))
@@ -166,7 +166,7 @@ def test_pooled_loader_own_compose_runs_on_the_bytes(files):
 
 
 def test_bad_rows_name_the_row_and_path(files, monkeypatch):
-    inst = transform(v1_recipe())()
+    inst = transform(v1_recipe())
     b = batch(files, [0, 1])
     b["bytes"][1] = b"\x89PNG not an image at all"
     with pytest.raises(SampleError, match=r"row 101 \(/data/train/a/odd2.JPEG\): cannot decode"):
@@ -185,7 +185,7 @@ def test_bad_rows_name_the_row_and_path(files, monkeypatch):
 
 
 def test_rows_of_different_sizes_in_one_batch_are_refused(files):
-    inst = transform(v1.Compose([v1.Resize(50), v1.ToTensor()]))()
+    inst = transform(v1.Compose([v1.Resize(50), v1.ToTensor()]))
     with pytest.raises(ValueError, match=r"row 101 gives an image of shape \(3, 74, 50\) "
                        r"\(float32\) but row 100 of the same batch gives \(3, 50, 62\).*"
                        r"crop or\s+resize"):
@@ -195,10 +195,16 @@ def test_rows_of_different_sizes_in_one_batch_are_refused(files):
 
 def test_buffer_kinds_and_pickled_classes_give_the_same_pixels(files):
     import cloudpickle
-    cls = transform(v2_recipe(), seed=9)
+    udf = transform(v2_recipe(), seed=9)
+    cls = type(udf)
     want = cls()(batch(files))["image"]
     for copy in (pickle.loads(pickle.dumps(cls)), cloudpickle.loads(cloudpickle.dumps(cls))):
         assert np.array_equal(copy()(batch(files))["image"], want)
+    # an instance (a task's UDF) unpickles as this process's one instance of its transform:
+    # the plan is read and the buffers grown once per process, not once per task
+    tasks = [pickle.loads(pickle.dumps(udf)), cloudpickle.loads(cloudpickle.dumps(udf))]
+    assert tasks[0] is tasks[1] is not udf
+    assert np.array_equal(tasks[0](batch(files))["image"], want)
     b = batch(files)
     b["bytes"][0] = memoryview(files[0][0])
     b["bytes"][1] = np.frombuffer(files[1][0], np.uint8)
@@ -214,15 +220,18 @@ def ray_session():
     ray.shutdown()
 
 
-def test_through_ray_data_map_batches_on_an_actor(files, ray_session):
+@pytest.mark.parametrize("on", ["tasks", "actors"])
+def test_through_ray_data_map_batches_as_tasks_or_on_an_actor(files, ray_session, on):
     ray = ray_session
     items = [{"row_id": 100 + i, "epoch": 1, "bytes": data, "label": i % 3, "path": path}
              for i, (data, path) in enumerate(files)]
     t = v1_recipe()
-    ds = ray.data.from_items(items).map_batches(transform(t, seed=3), concurrency=1,
-                                                batch_size=4, batch_format="numpy")
+    udf = transform(t, seed=3)
+    ds = ray.data.from_items(items)
+    ds = ds.map_batches(udf, batch_size=4, batch_format="numpy") if on == "tasks" else \
+        ds.map_batches(type(udf), concurrency=1, batch_size=4, batch_format="numpy")
     rows = sorted(ds.take_all(), key=lambda r: r["row_id"])
-    want = transform(t, seed=3)()(batch(files, epoch=1))["image"]
+    want = transform(t, seed=3)(batch(files, epoch=1))["image"]
     assert [r["row_id"] for r in rows] == [100 + i for i in range(len(files))]
     for i, r in enumerate(rows):
         assert r["path"] == files[i][1] and r["label"] == i % 3 and "bytes" not in r

@@ -66,31 +66,43 @@ def _columns(block: dict, names: Sequence[str] | None) -> list[str]:
 
 
 class _Blocks:
-    """Ray's blocks of one stream, row by row; the time spent waiting for Ray is counted."""
+    """Ray's blocks of one stream, row by row; the time spent waiting for Ray is counted.
+    Blocks come as Arrow tables and each of their chunks is viewed as numpy on its own: Ray's
+    numpy format would first concatenate a block's chunks (a copy of every image)."""
 
-    def __init__(self, batches: Iterator[dict], figures: dict) -> None:
-        self.batches, self.figures = batches, figures
+    def __init__(self, tables: Iterator[Any], figures: dict) -> None:
+        self.tables, self.figures = tables, figures
+        self.chunks: Iterator[dict] = iter(())
         self.block: dict | None = None
         self.rows = self.at = 0
 
-    def next_row(self) -> tuple[dict, int]:
-        while self.block is None or self.at >= self.rows:
+    def _next_block(self) -> dict:
+        from ray.data.block import BlockAccessor
+        while True:
+            chunk = next(self.chunks, None)
+            if chunk is not None:
+                return BlockAccessor.for_block(chunk).to_numpy()
             started = time.perf_counter()
             try:
-                block = next(self.batches)
+                table = next(self.tables)
             finally:
                 self.figures["wait_s"] += time.perf_counter() - started
+            self.figures["blocks"] += 1
+            self.chunks = iter([type(table).from_batches([b]) for b in table.to_batches()])
+
+    def next_row(self) -> tuple[dict, int]:
+        while self.block is None or self.at >= self.rows:
+            block = self._next_block()
             if "row_id" not in block:
                 raise KeyError("from_ray: the dataset's rows have no 'row_id' column: keep the "
                                "reader's columns through map_batches (pooled_loader.ray.transform"
                                " does)")
             self.block, self.rows, self.at = block, len(block["row_id"]), 0
-            self.figures["blocks"] += 1
         self.at += 1
         return self.block, self.at - 1
 
     def close(self) -> None:
-        close = getattr(self.batches, "close", None)
+        close = getattr(self.tables, "close", None)
         if close is not None:
             close()
 
@@ -165,7 +177,7 @@ class RayRows(Dataset, LoaderHooks):
         self.figures["skipped_rows"] += position
         stream = with_source(self.ds, self.source.with_rows(rows, s.epoch))
         self._blocks = _Blocks(iter(stream.iter_batches(
-            batch_size=None, batch_format="numpy", prefetch_batches=self.prefetch_blocks)),
+            batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_blocks)),
             self.figures)
         self._pass, self._next, self._names = s.passes, position, None
 
@@ -227,7 +239,7 @@ class RayStream(IterableDataset, LoaderHooks):
         skip, self._skip = self._skip, set()
         self._seen = set(skip)
         blocks = _Blocks(iter(self.iterator.iter_batches(
-            batch_size=None, batch_format="numpy", prefetch_batches=self.prefetch_blocks)),
+            batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_blocks)),
             self.figures)
         self.figures["streams"] += 1
         names = None

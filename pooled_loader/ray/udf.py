@@ -1,6 +1,6 @@
 """Our fused image ops as a Ray Data ``map_batches`` UDF: :func:`transform`.
 
-``ds.map_batches(transform(t, seed=3), concurrency=8, batch_size=256, batch_format="numpy")``
+``ds.map_batches(transform(t, seed=3), batch_size=256, batch_format="numpy")``
 turns the readers' rows (``row_id``, ``epoch``, ``bytes``, ``label``, ``path``: see
 ``sources``) into one image array per batch. A torchvision v1/v2 ``Compose`` runs on the fused
 folder path (``vision.torchvision.folder.FusedFolder`` fed the in-memory bytes instead of a
@@ -24,6 +24,8 @@ import copyreg
 import io
 import logging
 import threading
+import uuid
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -47,15 +49,19 @@ MAX_IMAGE_BYTES = MAX_FILE_BYTES
 
 
 def transform(t: Any, *, seed: int = 0, image_column: str = "bytes",
-              label_column: str | None = "label", output_column: str = "image") -> type:
-    """A callable class for ``Dataset.map_batches(cls, concurrency=N, batch_format="numpy")``
-    running ``t`` on each row's encoded image (see the module docstring).
+              label_column: str | None = "label", output_column: str = "image"
+              ) -> "PooledTransform":
+    """A UDF for ``Dataset.map_batches(udf, batch_size=..., batch_format="numpy")`` running
+    ``t`` on each row's encoded image (see the module docstring).
 
-    Each actor builds one instance (no arguments) holding its own reused buffers. A call
-    returns every input column but ``image_column`` unchanged, plus ``output_column``: one
+    Ray runs it as tasks, in its long-lived worker processes: each process reads the plan and
+    grows its buffers once (an unpickled copy is that process's one instance), and the read and
+    the transform fuse into one task. Its class, ``type(udf)``, runs on actors instead
+    (``map_batches(type(udf), concurrency=N)``), but Ray starts new actors at every execution,
+    so every epoch (scripts/benchmarks/bench_ray.py: ~5 CPU-s an actor). A call returns every
+    input column but ``image_column`` unchanged, plus ``output_column``: one
     ``[B, *sample_shape]`` array (float32 CHW for a ``ToTensor``/``Normalize`` recipe).
-    ``label_column`` (None: the rows have none) is checked to be present and passed through.
-    The class pickles (cloudpickle, as Ray does, and plain pickle)."""
+    ``label_column`` (None: the rows have none) is checked to be present and passed through."""
     if not callable(t):
         raise TypeError(f"transform: t must be a callable transform, got {type(t).__name__}")
     for name, value in (("image_column", image_column), ("output_column", output_column)):
@@ -64,8 +70,9 @@ def transform(t: Any, *, seed: int = 0, image_column: str = "bytes",
     if label_column is not None and label_column == output_column:
         raise ValueError(f"transform: output_column {output_column!r} is the label column")
     config = {"t": t, "seed": int(seed), "image_column": image_column,
-              "label_column": label_column, "output_column": output_column}
-    return _make_class(config, announce=True)
+              "label_column": label_column, "output_column": output_column,
+              "token": uuid.uuid4().hex}
+    return _make_class(config, announce=True)()
 
 
 class _Meta(type):
@@ -73,12 +80,35 @@ class _Meta(type):
     (cloudpickle, which Ray uses, copies such a class by value instead)."""
 
 
+_CLASSES: "OrderedDict[str, type]" = OrderedDict()  # this process's classes, by token
+_LIVE: "OrderedDict[str, PooledTransform]" = OrderedDict()  # its instances run as tasks
+KEPT = 4  # transforms whose class and buffers a process keeps (least recently used go)
+
+
+def _kept(cache: OrderedDict, key: str, make: Any) -> Any:
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = make()
+        while len(cache) > KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return value
+
+
 def _make_class(config: dict, announce: bool = False) -> type:
-    kind, plan, line = _read(config["t"])
-    if announce and line:
-        log.info("%s", line)
-    return _Meta("PooledTransform", (PooledTransform,),
-                 {"_config": config, "_kind": kind, "_plan": plan, "__module__": __name__})
+    def make() -> type:
+        kind, plan, line = _read(config["t"])
+        if announce and line:
+            log.info("%s", line)
+        return _Meta("PooledTransform", (PooledTransform,),
+                     {"_config": config, "_kind": kind, "_plan": plan, "__module__": __name__})
+    return _kept(_CLASSES, config["token"], make)
+
+
+def _live(cls: type) -> "PooledTransform":
+    """An instance unpickled in a Ray worker (a task's UDF): this process's one instance of its
+    transform, so the plan is read and the buffers grown once per process, not per task."""
+    return _kept(_LIVE, cls._config["token"], cls)
 
 
 def _reduce_class(cls: type) -> Any:
@@ -133,6 +163,9 @@ class PooledTransform(metaclass=_Meta):
         # actor given max_concurrency > 1 runs calls on threads)
         self._lock = threading.Lock()
         self.fallbacks = 0  # rows made by torchvision from a PIL image on the fused path
+
+    def __reduce__(self) -> tuple:
+        return _live, (type(self),)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch's images as one array in ``output_column``, the other columns as they
