@@ -48,7 +48,11 @@ def with_source(ds: Any, source: RowSource) -> Any:
 
     def swap(op: Any) -> Any:
         if isinstance(op, Read) and isinstance(op.datasource, RowSource):
-            return dataclasses.replace(op, datasource=source, datasource_or_legacy_reader=source)
+            # Ray's default (-1) would ask for >= 200 blocks and split each read task's block
+            # into small ones: more scheduling per row, and no read+UDF fusion
+            blocks = op.parallelism if op.parallelism > 0 else source.task_count()
+            return dataclasses.replace(op, datasource=source, datasource_or_legacy_reader=source,
+                                       parallelism=blocks, detected_parallelism=None)
         return op
 
     dag = ds._logical_plan.dag._apply_transform(swap)

@@ -77,6 +77,10 @@ class RowSource(Datasource):
         twin.rows, twin.epoch = rows, int(epoch)
         return twin
 
+    def task_count(self) -> int:
+        """The read tasks this source makes when asked for this many: one per ROWS_PER_TASK."""
+        return max(1, math.ceil(len(self.order()) / ROWS_PER_TASK))
+
     def order(self) -> np.ndarray:
         return np.arange(self.num_rows, dtype=np.int64) if self.rows is None else self.rows
 
