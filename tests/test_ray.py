@@ -263,3 +263,12 @@ def test_a_corrupt_stream_state_is_refused_by_name(state):
         stream.load_state_dict(state)
     stream.load_state_dict({"epoch": 2, "delivered": [[0, 3], [7, 9]]})
     assert stream.epoch == 2 and stream._skip == {0, 1, 2, 7, 8}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_batches_come_from_a_pinned_pool_to_the_device(cluster, root):
+    cpu = [b["image"] for b in from_ray(pipeline(root), batch_size=8, seed=3)]
+    loader = from_ray(pipeline(root), batch_size=8, seed=3, pin_memory=True, device="cuda")
+    gpu = [b["image"] for b in loader]
+    assert all(g.is_cuda for g in gpu)
+    assert all(torch.equal(c, g.cpu()) for c, g in zip(cpu, gpu))

@@ -1,6 +1,6 @@
 """pooled_loader.ray on a two-node Ray cluster on this machine (issue 48): the UDF runs on the CPU
-node, the loader on the trainer node; an actor killed mid-epoch loses no row and repeats none,
-and the rows it made again are the same rows."""
+node, the loader on the trainer node; an actor or a task killed mid-epoch loses no row and
+repeats none, and the rows made again are the same rows."""
 from __future__ import annotations
 
 import gc
@@ -42,10 +42,12 @@ def root(tmp_path_factory):
     return root
 
 
-def _pipeline(root, **udf):
-    return read_image_folder(root, ray_remote_args={"resources": {"cpu_node": 0.5}}).map_batches(
-        MarksActor, fn_constructor_kwargs=udf, concurrency=1, batch_size=4,
-        resources={"cpu_node": 1})
+def _pipeline(root, on="actors", **udf):
+    ds = read_image_folder(root, ray_remote_args={"resources": {"cpu_node": 0.5}})
+    if on == "tasks":  # a callable instance: Ray runs it as tasks, retried when they die
+        return ds.map_batches(MarksActor(**udf), batch_size=4, resources={"cpu_node": 0.5})
+    return ds.map_batches(MarksActor, fn_constructor_kwargs=udf, concurrency=1, batch_size=4,
+                          resources={"cpu_node": 1})
 
 
 def _rows(loader):
@@ -66,11 +68,12 @@ def test_the_udf_runs_on_the_cpu_node_and_the_loader_here(nodes, root):
     assert {node for _, node in rows.values()} == {nodes} != {here}
 
 
-def test_a_killed_actor_loses_no_row_and_repeats_none(nodes, root, tmp_path):
-    clean = _rows(from_ray(_pipeline(root), batch_size=4, seed=2,
+@pytest.mark.parametrize("on", ["actors", "tasks"])
+def test_a_killed_actor_or_task_loses_no_row_and_repeats_none(nodes, root, tmp_path, on):
+    clean = _rows(from_ray(_pipeline(root, on), batch_size=4, seed=2,
                            columns=("row_id", "image", "node")))
     flag = str(tmp_path / "died")
-    killed = _rows(from_ray(_pipeline(root, die_at=17, die_flag=flag), batch_size=4, seed=2,
+    killed = _rows(from_ray(_pipeline(root, on, die_at=17, die_flag=flag), batch_size=4, seed=2,
                             columns=("row_id", "image", "node")))
     assert os.path.exists(flag)  # the actor did die mid-epoch
     assert sorted(killed) == sorted(clean) == list(range(32))
