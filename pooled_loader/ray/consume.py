@@ -70,8 +70,11 @@ class _Blocks:
     Blocks come as Arrow tables and each of their chunks is viewed as numpy on its own: Ray's
     numpy format would first concatenate a block's chunks (a copy of every image)."""
 
-    def __init__(self, tables: Iterator[Any], figures: dict) -> None:
-        self.tables, self.figures = tables, figures
+    def __init__(self, stream: Any, prefetch_blocks: int, figures: dict) -> None:
+        """`stream`: a Ray Dataset or DataIterator, read block by block as it comes."""
+        self.tables = iter(stream.iter_batches(batch_size=None, batch_format="pyarrow",
+                                               prefetch_batches=prefetch_blocks))
+        self.figures = figures
         self.chunks: Iterator[dict] = iter(())
         self.block: dict | None = None
         self.rows = self.at = 0
@@ -128,7 +131,7 @@ class RayRows(Dataset, LoaderHooks):
     def __init__(self, ds: Any, source: RowSource, sampler: _PositionSampler,
                  columns: Sequence[str] | None, prefetch_blocks: int) -> None:
         self.ds, self.source, self.sampler = ds, source, sampler
-        self.columns, self.as_tuple = columns, columns is not None
+        self.columns = columns
         self.prefetch_blocks = prefetch_blocks
         self._blocks: _Blocks | None = None
         self._pass = -1
@@ -163,7 +166,7 @@ class RayRows(Dataset, LoaderHooks):
         self._names = names
         self._next = position + 1
         self.figures["rows"] += 1
-        sample = _sample(block, j, names, out, self.as_tuple)
+        sample = _sample(block, j, names, out, self.columns is not None)
         if self._next == len(s.share):
             self.close()  # the share's last row: Ray's executor ends now, not at exit
         return sample
@@ -176,9 +179,7 @@ class RayRows(Dataset, LoaderHooks):
         self.figures["streams"] += 1
         self.figures["skipped_rows"] += position
         stream = with_source(self.ds, self.source.with_rows(rows, s.epoch))
-        self._blocks = _Blocks(iter(stream.iter_batches(
-            batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_blocks)),
-            self.figures)
+        self._blocks = _Blocks(stream, self.prefetch_blocks, self.figures)
         self._pass, self._next, self._names = s.passes, position, None
 
     def close(self) -> None:
@@ -238,9 +239,7 @@ class RayStream(IterableDataset, LoaderHooks):
     def __iter__(self) -> Iterator[Any]:
         skip, self._skip = self._skip, set()
         self._seen = set(skip)
-        blocks = _Blocks(iter(self.iterator.iter_batches(
-            batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_blocks)),
-            self.figures)
+        blocks = _Blocks(self.iterator, self.prefetch_blocks, self.figures)
         self.figures["streams"] += 1
         names = None
         try:

@@ -11,7 +11,7 @@ any decoding, the rows a resumed run already delivered.
 Read tasks are contiguous chunks of that list (at most :data:`ROWS_PER_TASK` rows, at least
 :data:`MIN_ROWS_PER_TASK`), and each pickles only its own rows' paths, never the whole table.
 This module imports Ray (``pip install 'pooled_loader[ray]'``). Every file is untrusted: a link to a FIFO or a device is refused, a file over
-``MAX_FILE_BYTES`` is refused before it is read, and the error names the file and the row.
+``vision.io.buffers.MAX_FILE_BYTES`` (the folder path's bound) is refused before it is read, and the error names the file and the row.
 """
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ from ray.data import Datasource
 from ..core.errors import SampleError
 from ..core.file_index import IMG_EXTENSIONS, list_image_folder
 from ..core.safe_open import open_regular_stat
+from ..vision.io.buffers import MAX_FILE_BYTES
 
 __all__ = ["RowSource", "FolderRows", "ShardRows", "read_image_folder", "read_webdataset",
-           "ROWS_PER_TASK", "MAX_FILE_BYTES"]
+           "ROWS_PER_TASK"]
 
 ROWS_PER_TASK = 256  # rows one read task reads: ~30 MB of ImageNet JPEGs, one object-store block
 MIN_ROWS_PER_TASK = 128  # below this a task's fixed cost in Ray (~10-20 ms) shows per row
-MAX_FILE_BYTES = 1 << 30  # an encoded image over this is refused (as vision.io.buffers does)
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff", "pgm")
+# a shard sample's image member: the image files `shards write` takes from a folder
+IMAGE_SUFFIXES = tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
 LABEL_SUFFIXES = ("cls", "label", "target")
 
 
@@ -91,9 +92,6 @@ class RowSource(Datasource):
         return 110_000  # an ImageNet JPEG, for Ray's size estimates only
 
     # -- ray.data.Datasource's interface
-    def get_name(self) -> str:
-        return type(self).__name__
-
     def estimate_inmemory_data_size(self) -> int:
         return len(self.order()) * self._row_bytes()
 
