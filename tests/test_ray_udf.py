@@ -194,7 +194,7 @@ def test_rows_of_different_sizes_in_one_batch_are_refused(files):
 
 
 def test_buffer_kinds_and_pickled_classes_give_the_same_pixels(files):
-    import cloudpickle
+    from ray import cloudpickle  # the one Ray pickles UDFs with (vendored)
     udf = transform(v2_recipe(), seed=9)
     cls = type(udf)
     want = cls()(batch(files))["image"]
