@@ -29,7 +29,7 @@ LAYOUT_PAGE = os.path.join(os.path.dirname(PACKAGE), "docs", "layout.md")
 # composes the layers, and the public import paths.
 FRONT = "front"
 LAYERS = ["core", "observability", "engine", "ragged", "shards", "mix", "resume", "vision",
-          FRONT, "cache", "tune", "ray"]
+          "video", FRONT, "cache", "tune", "ray"]
 # Imports that point up, each with its reason. The test fails on any other, and on one of these
 # that is gone (then delete it here).
 UPWARD = {
@@ -66,6 +66,7 @@ PUBLIC = {
     "pooled_loader.tune": ["main"],
     "pooled_loader.cache": ["build_cache", "CachedDataset", "main"],
     "pooled_loader.vision": ["Compose", "DecodeImage", "ImageFolder"],
+    "pooled_loader.video": ["VideoClips", "VIDEO_EXTENSIONS"],
 }
 
 

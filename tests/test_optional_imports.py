@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOT_CORE = ("webdataset", "litdata", "streaming", "accelerate",
             "datasets", "lightning", "pytorch_lightning", "lightning_utilities", "tqdm",
             "matplotlib", "atheris", "torchdata", "fsspec", "skimage", "torchvision", "timm",
-            "psutil", "transformers", "nvidia", "ray")
+            "psutil", "transformers", "nvidia", "ray", "av")
 VISION = ("simplejpeg", "cv2", "PIL")
 
 def hide(hidden: tuple[str, ...], where) -> str:
@@ -92,8 +92,11 @@ except ModuleNotFoundError as exc:
     vision_error = str(exc)
 print(json.dumps({"failed": failed, "vision_error": vision_error}))
 """, tmp_path)
-    assert {n for n in out["failed"] if not n.startswith("pooled_loader.ray")} == \
+    assert {n for n in out["failed"]
+            if not n.startswith(("pooled_loader.ray", "pooled_loader.video"))} == \
         {"pooled_loader.vision"}
+    video = {n: why for n, why in out["failed"].items() if n.startswith("pooled_loader.video")}
+    assert all("pooled-loader[vision]" in why for why in video.values())  # if it fails
     assert "pip install 'pooled-loader[vision]'" in out["vision_error"]
     assert "simplejpeg" in out["vision_error"]
 
@@ -149,3 +152,20 @@ from pooled_loader.tune.report import write_plot
 print(json.dumps({"wrote": write_plot([], {}, "x.png", "t")}))
 """, tmp_path)
     assert out["wrote"] is False
+
+
+def test_video_imports_without_pyav_and_a_clip_names_the_extra(tmp_path):
+    out = run_json(NOT_CORE, """
+import json, os
+os.makedirs("videos/a")
+open("videos/a/x.mp4", "wb").write(b"not decoded: PyAV is hidden")
+from pooled_loader.video import VideoClips
+ds = VideoClips("videos", frames_per_clip=2)
+try:
+    ds[0]
+    error = None
+except ModuleNotFoundError as exc:
+    error = str(exc)
+print(json.dumps({"error": error, "n": len(ds)}))
+""", tmp_path)
+    assert out["n"] == 1 and "pip install 'pooled-loader[video]'" in out["error"]

@@ -8,6 +8,7 @@ the same mixer.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import random
 import zlib
@@ -16,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["splitmix64", "sample_seed", "seed_globals", "rng_fingerprint"]
+__all__ = ["splitmix64", "sample_seed", "seed_globals", "rng_fingerprint", "loader_epoch",
+           "LOADER_EPOCH"]
+
+# The epoch of the batch a PooledLoader is making in this thread: its count of epochs (the
+# `seed_epoch` per-sample seeds use), the same in every worker and kept across a resume. Set by
+# the engine around each batch; a dataset whose draws follow the epoch reads `loader_epoch()`.
+LOADER_EPOCH: contextvars.ContextVar[int | None] = contextvars.ContextVar("pooled_loader_epoch",
+                                                                         default=None)
 
 _MASK64 = (1 << 64) - 1
 
@@ -58,3 +66,9 @@ def rng_fingerprint(generator: torch.Generator | None) -> str:
     was when the state was saved (docs/resume.md). About 20 us."""
     state = (generator if generator is not None else torch.default_generator).get_state()
     return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+
+
+def loader_epoch() -> int | None:
+    """The epoch of the batch a PooledLoader is making here (0, 1, ... as the loader counts its
+    epochs; restored by `load_state_dict`), or None outside one (DataLoader, direct indexing)."""
+    return LOADER_EPOCH.get()

@@ -26,7 +26,7 @@ from torch.utils.data.graph_settings import apply_random_seed
 from ..core.constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from ..core.deferred import FillFailed, accepted
 from ..core.hooks import LoaderHooks, hooks_of
-from ..core.seeds import sample_seed, seed_globals
+from ..core.seeds import LOADER_EPOCH, sample_seed, seed_globals
 from ..core.stateful import follows_stateful
 from .interrupts import ignore_sigint_in_worker
 from .layout import Leaf, slot_views
@@ -289,9 +289,11 @@ class BatchMaker(SlotCollate):
         CLOCK.begin(trace)
         self.getitem_ns = 0
         start = perf_counter_ns()
+        epoch = LOADER_EPOCH.set(seed_epoch)
         try:
             return self._make_batch(task_id, payload, ref, seed_epoch)
         finally:
+            LOADER_EPOCH.reset(epoch)
             self.stages, self.spans = CLOCK.finish(self.getitem_ns, start, task_id)
 
     def _make_batch(self, task_id: int, payload: Any, ref: SlotRef,

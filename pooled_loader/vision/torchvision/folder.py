@@ -278,7 +278,7 @@ class FusedFolder(LoaderHooks):
             raise _Fallback  # decode_image's own output (channels, colour conversion)
         saved = (torch.get_rng_state(), random.getstate() if plan.python_random else None,
                  np.random.get_state() if plan.numpy_random else None)
-        geo = _draw(plan, self.draws, hdr.height, hdr.width)
+        geo = draw_params(plan, self.draws, hdr.height, hdr.width)
         if geo is None:
             _restore(saved)
             raise _Fallback
@@ -402,7 +402,7 @@ def _restore(saved: tuple) -> None:
         np.random.set_state(saved[2])
 
 
-def _draw(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
+def draw_params(plan: tp.Plan, draws: tp.Draws, h: int, w: int) -> dict | None:
     """Every fused op's parameters, drawn in op order, and the geometry they give on the
     source image: ``box`` (x0, y0, w, h), ``resize_hw``, ``crop`` (top, left, h, w on the
     unflipped resized image, or None), the final ``flip``, the ``jitter`` parameters, ``pixel``

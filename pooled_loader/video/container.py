@@ -1,0 +1,229 @@
+"""One video opened for a clip: its header read and bounded, the frames shown at given times
+decoded from the keyframe before the first, under a deadline.
+
+The decoder is FFmpeg through PyAV, which ships its own FFmpeg libraries (``pip install av``: no
+system package). torchcodec decodes with the same FFmpeg but loads the system's libraries; on a
+machine without them it cannot start, and where it can, a clip costs the same (BENCHMARKS.md,
+issue 49), so PyAV is the one decoder.
+
+Every file is untrusted, and nothing here allocates by what a header claims:
+
+- at most ``MAX_STREAMS`` streams; a video stream must exist (an audio-only file is named so);
+- the frame size (``MAX_SIDE``, ``MAX_PIXELS``), the frame rate (``MAX_FPS``) and the duration
+  (``MAX_DURATION_S``) are checked before a frame is decoded, and every decoded frame must have
+  the header's size;
+- the header's frame count and duration only place the clip: a clip past the real end (a
+  truncated file, a header that lies) raises ``SampleError`` when the stream ends first;
+- a clip decodes at most ``MAX_DECODED`` frames (the keyframe interval plus the clip) and stops
+  at ``deadline`` (a monotonic time), each checked per frame.
+
+Frames are picked by presentation time: the frame shown at time ``t`` is the last frame whose
+timestamp is at or before ``t``, so variable frame rates and sampling at another rate than the
+video's (``fps=``) need no frame table. Imports PyAV (av) inside :func:`open_video` only.
+"""
+from __future__ import annotations
+
+import errno
+import math
+import os
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable
+
+import numpy as np
+
+from pooled_loader.core.errors import SampleError
+
+__all__ = ["VideoInfo", "Video", "open_video", "to_rgb", "MAX_STREAMS", "MAX_SIDE", "MAX_PIXELS",
+           "MAX_FPS", "MAX_DURATION_S", "MAX_DECODED"]
+
+MAX_STREAMS = 64  # a container with more is refused before any is decoded
+MAX_SIDE = 16384  # pixels, either side of a frame
+MAX_PIXELS = 1 << 25  # per frame: 8K UHD (7680 x 4320) fits, a decoder's worst case stays bounded
+MAX_FPS = 1000
+MAX_DURATION_S = 7 * 24 * 3600
+MAX_DECODED = 4096  # frames decoded for one clip: a keyframe interval longer than this is refused
+
+INSTALL = "pip install 'pooled-loader[video]'"
+_BOUNDS = {"max_pixels": str(MAX_PIXELS)}  # FFmpeg's own bound on a frame it allocates
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the header says, checked: the frame size, the nominal rate and frame count (from
+    the stream's own count where the container has one, else duration x rate)."""
+    width: int
+    height: int
+    fps: Fraction
+    num_frames: int
+    time_base: Fraction
+    start_pts: int
+    codec: str
+
+
+def _av() -> Any:
+    try:
+        import av
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"pooled_loader.video decodes with PyAV (av is not installed): "
+                                  f"{INSTALL}", name="av") from e
+    return av
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Video:
+    """An open video's first video stream (use as a context manager)."""
+
+    def __init__(self, container: Any, stream: Any, info: VideoInfo) -> None:
+        self.container, self.stream, self.info = container, stream, info
+
+    def __enter__(self) -> "Video":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.container.close()
+
+    def frames_at(self, targets: list[int], emit: Callable[[int, Any, int], None], *,
+                  deadline: float) -> None:
+        """``emit(j, frame, pts)`` for each target ``j`` (stream time-base units, increasing): the
+        frame shown at ``targets[j]``. Raises ``SampleError`` when the stream ends before the
+        last target, on a decoding error, past ``MAX_DECODED`` frames or past ``deadline``."""
+        av = _av()
+        info = self.info
+        period = max(1, int(1 / (info.fps * info.time_base)))  # one frame, in time-base units
+        j, prev, prev_pts, decoded = 0, None, None, 0
+        try:
+            self.container.seek(targets[0], stream=self.stream, backward=True, any_frame=False)
+            for frame in self.container.decode(self.stream):
+                decoded += 1
+                if decoded > MAX_DECODED:
+                    raise SampleError(f"{MAX_DECODED} frames decoded from the keyframe before "
+                                      f"the clip without reaching its end (keyframes too far "
+                                      "apart, or timestamps that do not advance)")
+                if time.monotonic() > deadline:
+                    raise SampleError(f"decoding took longer than the deadline ({decoded} "
+                                      "frames decoded)")
+                pts = frame.pts
+                if pts is None:
+                    raise SampleError("a frame without a timestamp")
+                if frame.width != info.width or frame.height != info.height:
+                    raise SampleError(f"a frame of {frame.width}x{frame.height} in a "
+                                      f"{info.width}x{info.height} stream (the size changes "
+                                      "mid-stream)")
+                if prev_pts is not None and pts <= prev_pts:
+                    continue  # out of order or repeated: the frame shown is the one before
+                while j < len(targets) and targets[j] < pts:
+                    emit(j, prev if prev is not None else frame,
+                         prev_pts if prev is not None else pts)
+                    j += 1
+                if j == len(targets):
+                    return
+                prev, prev_pts = frame, pts
+        except av.FFmpegError as e:
+            raise SampleError(f"cannot decode ({_reason(e)})") from e
+        # the stream ended: its last frame is shown for one frame period
+        while j < len(targets):
+            if prev is None:
+                raise SampleError("no frame could be decoded")
+            if targets[j] >= prev_pts + period:
+                end = float((prev_pts - info.start_pts) * info.time_base)
+                want = float((targets[j] - info.start_pts) * info.time_base)
+                raise SampleError(f"the clip runs past the video's end: a frame at {want:.3f}s, "
+                                  f"the last frame is at {end:.3f}s (the header claims "
+                                  f"{info.num_frames} frames at {float(info.fps):.3f} fps: a "
+                                  "truncated file?)")
+            emit(j, prev, prev_pts)
+            j += 1
+
+
+_reformatter: list = [None, None]  # (pid, VideoReformatter): this process's own
+
+
+def to_rgb(frame: Any) -> np.ndarray:
+    """``frame`` as an ``(H, W, 3)`` uint8 RGB view (rows may be padded), converted by FFmpeg
+    (swscale, the decoder's own colour handling) on one thread with this process's own
+    reformatter: PyAV's shared one keeps a threaded swscale context, and one made before a fork
+    deadlocks the forked worker that uses it (seen with PyAV 18: the child hangs in
+    ``to_ndarray``). The view lives as long as the returned array."""
+    if _reformatter[0] != os.getpid():
+        from av.video.reformatter import VideoReformatter
+        _reformatter[:] = [os.getpid(), VideoReformatter()]
+    rgb = _reformatter[1].reformat(frame, format="rgb24", threads=1)
+    plane = rgb.planes[0]
+    h, w = rgb.height, rgb.width
+    rows = np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)
+    view = rows[:, :w * 3].reshape(h, w, 3)
+    return view
+
+
+def _check_info(container: Any, stream: Any) -> VideoInfo:
+    cc = stream.codec_context
+    if cc is None:
+        # PyAV 18's streams have no codec_tag: without a decoder nothing names the codec
+        tag = getattr(stream, "codec_tag", None) or "unknown"
+        raise SampleError(f"no decoder for its video codec ({tag}): FFmpeg cannot decode it")
+    w, h = int(cc.width or 0), int(cc.height or 0)
+    if not (0 < w <= MAX_SIDE and 0 < h <= MAX_SIDE) or w * h > MAX_PIXELS:
+        raise SampleError(f"a frame size of {w}x{h} in the header (at most {MAX_SIDE} a side "
+                          f"and {MAX_PIXELS} pixels)")
+    fps = stream.average_rate or stream.guessed_rate or stream.base_rate
+    fps = Fraction(fps) if fps else Fraction(0)
+    if not 0 < fps <= MAX_FPS:
+        raise SampleError(f"a frame rate of {float(fps):.3f} fps in the header (0 to {MAX_FPS})")
+    tb = Fraction(stream.time_base) if stream.time_base else Fraction(0)
+    if tb <= 0:
+        raise SampleError("no time base in the header")
+    start = int(stream.start_time or 0)
+    if stream.duration:
+        duration = float(stream.duration * tb)
+    elif container.duration:
+        duration = container.duration / 1e6  # AV_TIME_BASE
+    else:
+        duration = 0.0
+    if not 0 <= duration <= MAX_DURATION_S or not math.isfinite(duration):
+        raise SampleError(f"a duration of {duration:.1f}s in the header (at most "
+                          f"{MAX_DURATION_S}s)")
+    frames = int(stream.frames or 0)
+    if not 0 < frames <= duration * float(fps) * 1.5 + 2:  # no count, or one the duration belies
+        frames = int(duration * float(fps))
+    if frames <= 0:
+        raise SampleError("no frames (a zero duration in the header)")
+    return VideoInfo(w, h, fps, frames, tb, start, str(cc.name))
+
+
+def open_video(file: Any, *, threads: int = 1, timeout_s: float = 60.0) -> Video:
+    """``file`` (a path or a binary file object) opened, its first video stream checked; raises
+    ``SampleError`` saying what is wrong (the caller adds the file's name)."""
+    av = _av()
+    try:
+        # max_pixels: FFmpeg's probe decodes a frame before the header can be checked, and
+        # would allocate it at whatever size the header claims (a 16000x16000 SPS: 1.5 GB)
+        container = av.open(file, mode="r", timeout=(timeout_s, timeout_s),
+                            metadata_errors="ignore", options=_BOUNDS,
+                            container_options={"max_streams": str(MAX_STREAMS + 1)})
+    except av.FFmpegError as e:
+        # ENOMEM: past max_streams (each stream costs FFmpeg a decoder: ~0.7 MB for AAC)
+        more = (f"; more than {MAX_STREAMS} streams?" if e.errno == errno.ENOMEM else "")
+        raise SampleError(f"not a video FFmpeg can read ({_reason(e)}{more})") from e
+    except (OSError, ValueError, UnicodeError) as e:
+        raise SampleError(f"cannot open ({_reason(e)})") from e
+    try:
+        streams = container.streams
+        if len(streams) > MAX_STREAMS:
+            raise SampleError(f"more than {MAX_STREAMS} streams ({len(streams)} opened; at most "
+                              f"{MAX_STREAMS} are read)")
+        if not streams.video:
+            kinds = sorted({s.type for s in streams}) or ["none"]
+            raise SampleError(f"no video stream (streams: {', '.join(kinds)})")
+        stream = streams.video[0]
+        info = _check_info(container, stream)
+        stream.codec_context.thread_count = max(1, int(threads))
+        stream.codec_context.options = dict(_BOUNDS)  # a larger frame mid-stream, too
+        return Video(container, stream, info)
+    except BaseException:
+        container.close()
+        raise
