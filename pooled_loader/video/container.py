@@ -24,12 +24,13 @@ video's (``fps=``) need no frame table. Imports PyAV (av) inside :func:`open_vid
 from __future__ import annotations
 
 import errno
+import itertools
 import math
 import os
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -87,6 +88,21 @@ class Video:
     def __exit__(self, *exc: Any) -> None:
         self.container.close()
 
+    def _decode_from(self, target: int, period: int) -> Iterator[Any]:
+        """Frames decoded from a keyframe shown at or before ``target``. FFmpeg's MP4 seek goes
+        by decoding time: with B-frames and a variable frame rate, the keyframe it lands on
+        can be shown after ``target`` (x264 in MP4), and its first frame is then not the one
+        shown at ``target``: seek again, further back each time (at most ~log2(length) more)."""
+        to, back = target, period
+        while True:
+            self.container.seek(to, stream=self.stream, backward=True, any_frame=False)
+            frames = self.container.decode(self.stream)
+            first = next(frames, None)
+            if (first is None or first.pts is None or first.pts <= target
+                    or to <= self.info.start_pts):
+                return itertools.chain(() if first is None else (first,), frames)
+            to, back = max(self.info.start_pts, target - back), back * 2
+
     def frames_at(self, targets: list[int], emit: Callable[[int, Any, int], None], *,
                   deadline: float) -> None:
         """``emit(j, frame, pts)`` for each target ``j`` (stream time-base units, increasing): the
@@ -97,8 +113,7 @@ class Video:
         period = max(1, int(1 / (info.fps * info.time_base)))  # one frame, in time-base units
         j, prev, prev_pts, decoded = 0, None, None, 0
         try:
-            self.container.seek(targets[0], stream=self.stream, backward=True, any_frame=False)
-            for frame in self.container.decode(self.stream):
+            for frame in self._decode_from(targets[0], period):
                 decoded += 1
                 if decoded > MAX_DECODED:
                     raise SampleError(f"{MAX_DECODED} frames decoded from the keyframe before "
