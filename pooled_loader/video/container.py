@@ -73,7 +73,10 @@ def _av() -> Any:
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    # FFmpeg's errors carry the name PyAV gave the input (a file object's descriptor number):
+    # the caller names the file, so only the reason is kept
+    text = getattr(exc, "strerror", None) or str(exc)
+    return f"{type(exc).__name__}: {text}"
 
 
 class Video:
@@ -214,6 +217,10 @@ def open_video(file: Any, *, threads: int = 1, timeout_s: float = 60.0) -> Video
     """``file`` (a path or a binary file object) opened, its first video stream checked; raises
     ``SampleError`` saying what is wrong (the caller adds the file's name)."""
     av = _av()
+    if hasattr(file, "seek"):
+        if file.seek(0, os.SEEK_END) == 0:
+            raise SampleError("an empty file (0 bytes)")
+        file.seek(0)
     try:
         # max_pixels: FFmpeg's probe decodes a frame before the header can be checked, and
         # would allocate it at whatever size the header claims (a 16000x16000 SPS: 1.5 GB)
