@@ -23,6 +23,7 @@ video's (``fps=``) need no frame table. Imports PyAV (av) inside :func:`open_vid
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import math
@@ -91,15 +92,35 @@ class Video:
     def __exit__(self, *exc: Any) -> None:
         self.container.close()
 
-    def _decode_from(self, target: int, period: int) -> Iterator[Any]:
-        """Frames decoded from a keyframe shown at or before ``target``. FFmpeg's MP4 seek goes
-        by decoding time: with B-frames and a variable frame rate, the keyframe it lands on
-        can be shown after ``target`` (x264 in MP4), and its first frame is then not the one
-        shown at ``target``: seek again, further back each time (at most ~log2(length) more)."""
+    def _decoded(self, targets: list[int]) -> Iterator[Any]:
+        """The frames after the last seek, in order. A packet whose frame is shown at none of
+        ``targets`` (``[pts, pts + duration)`` holds none) is decoded with
+        ``skip_frame="NONREF"``: a frame nothing references and nobody sees is not decoded at
+        all (x264's unreferenced B-frames: ~45% of its frames; 46 -> 33 frames decoded for a
+        16-frame clip, BENCHMARKS.md). References are decoded as always; a packet without a
+        duration is always decoded."""
+        cc, skipping = self.stream.codec_context, False
+        for packet in self.container.demux(self.stream):
+            pts, duration = packet.pts, packet.duration
+            skip = False
+            if pts is not None and duration and duration > 0:
+                k = bisect.bisect_left(targets, pts)
+                skip = not (k < len(targets) and targets[k] < pts + duration)
+            if skip != skipping:
+                cc.skip_frame = "NONREF" if skip else "DEFAULT"
+                skipping = skip
+            yield from cc.decode(packet)
+
+    def _decode_from(self, targets: list[int], period: int) -> Iterator[Any]:
+        """Frames decoded from a keyframe shown at or before ``targets[0]``. FFmpeg's MP4 seek
+        goes by decoding time: with B-frames and a variable frame rate, the keyframe it lands
+        on can be shown after the target (x264 in MP4), and its first frame is then not the one
+        shown then: seek again, further back each time (at most ~log2(length) more)."""
+        target = targets[0]
         to, back = target, period
         while True:
             self.container.seek(to, stream=self.stream, backward=True, any_frame=False)
-            frames = self.container.decode(self.stream)
+            frames = self._decoded(targets)
             first = next(frames, None)
             if (first is None or first.pts is None or first.pts <= target
                     or to <= self.info.start_pts):
@@ -116,7 +137,7 @@ class Video:
         period = max(1, int(1 / (info.fps * info.time_base)))  # one frame, in time-base units
         j, prev, prev_pts, decoded = 0, None, None, 0
         try:
-            for frame in self._decode_from(targets[0], period):
+            for frame in self._decode_from(targets, period):
                 decoded += 1
                 if decoded > MAX_DECODED:
                     raise SampleError(f"{MAX_DECODED} frames decoded from the keyframe before "
@@ -213,6 +234,16 @@ def _check_info(container: Any, stream: Any) -> VideoInfo:
     return VideoInfo(w, h, fps, frames, tb, start, str(cc.name))
 
 
+def _open(av: Any, file: Any, timeout_s: float, probe_decode: bool) -> Any:
+    """av.open under bounds. ``probe_decode=False``: FFmpeg's probe reads the headers without
+    decoding a frame (``skip_frame="all"``: 2.0 -> 0.7 ms an open here); where it decodes one,
+    ``max_pixels`` bounds it (a 16000x16000 SPS would cost 1.5 GB before our checks ran)."""
+    streams = None if probe_decode else [{"skip_frame": "all"}] * (MAX_STREAMS + 1)
+    return av.open(file, mode="r", timeout=(timeout_s, timeout_s), metadata_errors="ignore",
+                   options=_BOUNDS, stream_options=streams,
+                   container_options={"max_streams": str(MAX_STREAMS + 1)})
+
+
 def open_video(file: Any, *, threads: int = 1, timeout_s: float = 60.0) -> Video:
     """``file`` (a path or a binary file object) opened, its first video stream checked; raises
     ``SampleError`` saying what is wrong (the caller adds the file's name)."""
@@ -222,11 +253,14 @@ def open_video(file: Any, *, threads: int = 1, timeout_s: float = 60.0) -> Video
             raise SampleError("an empty file (0 bytes)")
         file.seek(0)
     try:
-        # max_pixels: FFmpeg's probe decodes a frame before the header can be checked, and
-        # would allocate it at whatever size the header claims (a 16000x16000 SPS: 1.5 GB)
-        container = av.open(file, mode="r", timeout=(timeout_s, timeout_s),
-                            metadata_errors="ignore", options=_BOUNDS,
-                            container_options={"max_streams": str(MAX_STREAMS + 1)})
+        container = _open(av, file, timeout_s, probe_decode=False)
+        if not all(s.codec_context is None or (s.codec_context.width and
+                                               s.codec_context.height)
+                   for s in container.streams.video):
+            container.close()  # a format whose frame size only a decoded frame tells
+            if hasattr(file, "seek"):
+                file.seek(0)
+            container = _open(av, file, timeout_s, probe_decode=True)
     except av.FFmpegError as e:
         # ENOMEM: past max_streams (each stream costs FFmpeg a decoder: ~0.7 MB for AAC)
         more = (f"; more than {MAX_STREAMS} streams?" if e.errno == errno.ENOMEM else "")
@@ -243,6 +277,7 @@ def open_video(file: Any, *, threads: int = 1, timeout_s: float = 60.0) -> Video
             raise SampleError(f"no video stream (streams: {', '.join(kinds)})")
         stream = streams.video[0]
         info = _check_info(container, stream)
+        stream.codec_context.skip_frame = "DEFAULT"
         stream.codec_context.thread_count = max(1, int(threads))
         stream.codec_context.options = dict(_BOUNDS)  # a larger frame mid-stream, too
         return Video(container, stream, info)

@@ -140,14 +140,17 @@ class VideoClips(LoaderHooks):
         return self.epoch if epoch is None else epoch
 
     def _targets(self, info: Any, index: int, seed: int) -> list[int]:
-        """The clip's times, in the stream's time-base units."""
-        t, fps = self.frames_per_clip, info.fps
+        """The clip's times, in the stream's time-base units: half a frame after each frame's
+        nominal time, so the frame nearest each time is taken, whatever the muxer rounded its
+        timestamp to (WebM keeps milliseconds: frame 23 at 30 fps is at 767, not 766.67)."""
+        t = self.frames_per_clip
+        per_frame = 1 / (info.fps * info.time_base)  # time-base units a frame of the video
         if self.fps is None:  # frames of the video's grid
             span = (t - 1) * self.frame_step + 1
-            offsets = [Fraction(j * self.frame_step) / fps for j in range(t)]
+            step = per_frame * self.frame_step
         else:
-            span = int((t - 1) * fps / self.fps) + 1
-            offsets = [Fraction(j) / self.fps for j in range(t)]
+            span = int((t - 1) * info.fps / self.fps) + 1
+            step = 1 / (self.fps * info.time_base)
         room = info.num_frames - span
         if room < 0:
             raise SampleError(f"a clip of {t} frames spans {span} frames of the video, which "
@@ -157,10 +160,12 @@ class VideoClips(LoaderHooks):
         else:
             k = index % self.clips_per_video
             first = int((2 * k + 1) * (room + 1) // (2 * self.clips_per_video))
-        # half a frame later: the frame nearest each time, whatever the muxer rounded its
-        # timestamp to (WebM keeps milliseconds: frame 23 at 30 fps is at 767, not 766.67)
-        start = Fraction(first) / fps + Fraction(1, 2) / fps
-        return [info.start_pts + int((start + o) / info.time_base) for o in offsets]
+        start = (2 * first + 1) * per_frame / 2
+        # start + j * step on one denominator: integer arithmetic per frame, floored
+        a = start.numerator * step.denominator
+        b = step.numerator * start.denominator
+        d = start.denominator * step.denominator
+        return [info.start_pts + (a + j * b) // d for j in range(t)]
 
     def _make(self, index: int, video: int, dst: np.ndarray | None) -> tuple[Any, Any]:
         seed = sample_seed(self.seed, self._epoch(), index)
