@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from pooled_loader.core.errors import SampleError
-from pooled_loader.core.hooks import LoaderHooks
 from pooled_loader.core.seeds import loader_epoch, sample_seed
 from pooled_loader.video.container import MAX_DECODED, open_video, to_rgb
 from pooled_loader.video.sources import video_table
@@ -46,7 +45,7 @@ def _positive_int(name: str, value: Any, most: int | None = None) -> int:
     return int(value)
 
 
-class VideoClips(LoaderHooks):
+class VideoClips:
     """Clips ``(T, C, H, W)`` of the videos in ``source``, with their labels.
 
     Args:
