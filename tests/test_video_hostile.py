@@ -53,19 +53,7 @@ pytestmark = pytest.mark.timeout(120)
 # -- making files --------------------------------------------------------------------------------
 def write_faststart(path: str) -> str:
     """write_video's H.264 MP4 with the moov atom at the front (``movflags=faststart``)."""
-    with av.open(path, "w", options={"movflags": "faststart"}) as out:
-        s = out.add_stream("libx264", rate=FPS)
-        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
-        s.options = {"g": "8", "preset": "veryfast"}
-        s.codec_context.time_base = Fraction(1, FPS)
-        for k, rgb in enumerate(mv.frames(N, W, H, 0)):
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts, frame.time_base = k, Fraction(1, FPS)
-            for p in s.encode(frame):
-                out.mux(p)
-        for p in s.encode():
-            out.mux(p)
-    return path
+    return mv.write_video(path, N, W, H, FPS, gop=8, options={"movflags": "faststart"})
 
 
 def write_audio(path: str, codec: str, rate: int) -> str:

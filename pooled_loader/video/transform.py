@@ -23,6 +23,7 @@ import numpy as np
 
 from pooled_loader.vision.io.buffers import Scratch
 from pooled_loader.vision.io.kernels import crop_resize_flip_chw
+from pooled_loader.vision.ops.jitter import jitter_into
 
 __all__ = ["ClipTransform"]
 
@@ -109,27 +110,21 @@ class ClipTransform:
         return np.dtype(np.float32 if self.as_float else np.uint8)
 
     def render(self, rgb: np.ndarray, geo: dict, out: np.ndarray) -> None:
-        """One decoded ``(H, W, 3)`` frame into ``out`` (``frame_shape``, ``dtype``)."""
+        """One decoded ``(H, W, 3)`` frame into ``out`` (``frame_shape``, ``dtype``), as the
+        image path renders an image's geometry (``folder.render_geometry``)."""
+        from pooled_loader.vision.torchvision.folder import render_geometry
         x0, y0, bw, bh = geo["box"]
         src = rgb[y0:y0 + bh, x0:x0 + bw]  # the kernel reads only the box, as a crop does
-        whole = (0, 0, bw, bh)
-        flip, crop = geo["flip"], geo["crop"]
-        if not crop:
-            crop_resize_flip_chw(src, whole, out, flip, *self._mean_std)
+        if self.as_float and not geo["crop"]:  # the whole chain in one kernel call
+            crop_resize_flip_chw(src, (0, 0, bw, bh), out, geo["flip"], *self._mean_std)
             return
-        rh, rw = geo["resize_hw"]
-        resized = self.scratch.array("resized", (3, rh, rw), np.uint8)
-        crop_resize_flip_chw(src, whole, resized)
-        top, left, oh, ow = crop
-        window = resized[:, top:top + oh, left:left + ow]
-        window = window[:, :, ::-1] if flip else window
-        if self.as_float:
-            mean, std = self._mean_std
-            np.multiply(window, np.float32(1 / 255), out=out)
-            out -= np.asarray(mean, np.float32).reshape(3, 1, 1)
-            out /= np.asarray(std, np.float32).reshape(3, 1, 1)
-        else:
-            np.copyto(out, window)
+        if not self.as_float:
+            render_geometry(src, geo, out, self.scratch)
+            return
+        u8 = self.scratch.array("u8", out.shape, np.uint8)
+        render_geometry(src, geo, u8, self.scratch)
+        plan = self.plan
+        jitter_into(u8, [], self.scratch, out, plan.mul, plan.add)  # the float values only
 
     def finish(self, clip: Any) -> Any:
         """The ops left to torchvision, on the clip as a ``tv_tensors.Video`` (or, without

@@ -48,11 +48,12 @@ def frame_number(rgb: np.ndarray) -> int:
 
 def write_video(path: str, n: int = 60, width: int = 320, height: int = 240, fps: int = 30,
                 codec: str = "libx264", gop: int = 16, seed: int = 0,
-                pts: list[int] | None = None) -> str:
+                pts: list[int] | None = None, options: dict | None = None) -> str:
     """Encode ``n`` frames to ``path`` (``.mp4`` with libx264, ``.webm`` with libvpx-vp9).
-    ``pts``: each frame's timestamp in 1/fps units (a variable frame rate), else 0, 1, 2..."""
+    ``pts``: each frame's timestamp in 1/fps units (a variable frame rate), else 0, 1, 2...
+    ``options``: the muxer's (``{"movflags": "faststart"}``: an MP4's moov atom first)."""
     import av
-    with av.open(path, "w") as out:
+    with av.open(path, "w", options=options) as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"g": str(gop), "preset": "veryfast"} if codec == "libx264" else \

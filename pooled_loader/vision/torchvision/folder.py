@@ -315,14 +315,7 @@ class FusedFolder(LoaderHooks):
                                  *self._mean_std)
         else:
             u8 = out if not as_float else self.scratch.array("u8", shape, np.uint8)
-            if crop:
-                full = self.scratch.array("resized", (3, rh, rw), np.uint8)
-                crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), full)
-                top, left = crop[0], crop[1]
-                window = full[:, top:top + oh, left:left + ow]
-                np.copyto(u8, window[:, :, ::-1] if flip else window)
-            else:
-                crop_resize_flip_chw(src, (0, 0, src.shape[1], src.shape[0]), u8, flip)
+            render_geometry(src, geo, u8, self.scratch)
             jitters = geo["jitter"] or []
             if pixel is not None:  # the colour steps in turn, in place
                 self._colour_steps(u8, pixel)
@@ -375,6 +368,23 @@ class FusedFolder(LoaderHooks):
 
     def __repr__(self) -> str:
         return f"FusedFolder({self.dataset!r}, {self.plan.describe()})"
+
+
+def render_geometry(src: np.ndarray, geo: dict, u8: np.ndarray, scratch: Scratch) -> None:
+    """``geo``'s resize, crop and flip of ``src`` (a view of the drawn box) into the uint8 CHW
+    ``u8``: one kernel call, or, with a CenterCrop after the resize, the resize into scratch and
+    the crop's window copied (mirrored when flipped)."""
+    whole = (0, 0, src.shape[1], src.shape[0])
+    crop = geo["crop"]
+    if not crop:
+        crop_resize_flip_chw(src, whole, u8, geo["flip"])
+        return
+    rh, rw = geo["resize_hw"]
+    full = scratch.array("resized", (3, rh, rw), np.uint8)
+    crop_resize_flip_chw(src, whole, full)
+    top, left, oh, ow = crop
+    window = full[:, top:top + oh, left:left + ow]
+    np.copyto(u8, window[:, :, ::-1] if geo["flip"] else window)
 
 
 def _as_v1(ops: list) -> list:
