@@ -340,3 +340,16 @@ def test_a_global_shuffle_count_outside_the_share_is_refused(indexed_root, worke
     loader = global_loader(indexed_root, workers)
     loader.load_state_dict(state)
     assert len(ids(loader)) == 30 - 4
+
+
+def test_a_statefuldataloader_state_of_10_to_the_12_workers_is_refused_before_listing_them():
+    # found by the state fuzzer (issue 49's CI run): our state without its '_pooled' key loads
+    # as StatefulDataLoader's, whose '_num_workers' of 10**12 built 10**12 worker names (a
+    # MemoryError after 4 GB) before the entries were compared
+    def make():
+        return PooledLoader(Noisy(20), batch_size=3, shuffle=True)
+    state = rt(state_after(make, 2))
+    del state["_pooled"]
+    state = put(state, "_snapshot._main_snapshot._num_workers", 10 ** 12)
+    with refused("_snapshot._worker_snapshots"):
+        make().load_state_dict(state)

@@ -160,7 +160,10 @@ def _turns(start: int, count: int, workers: int, ended: set[int]) -> tuple[dict[
 def _entries(entries: Any, workers: int, where: str) -> dict[int, tuple[Any, Any, bool]]:
     """worker id -> (dataset state, iterator state, ended) of StatefulDataLoader's worker
     entries, one per worker of `workers`."""
-    if not isinstance(entries, dict) or set(entries) != {f"worker_{w}" for w in range(workers)}:
+    # the count first: the names expected are built only for as many entries as the state
+    # holds (a '_num_workers' of 10**12 would otherwise build 10**12 strings: fuzz, issue 49)
+    if not isinstance(entries, dict) or len(entries) != workers or \
+            set(entries) != {f"worker_{w}" for w in range(workers)}:
         raise StateMismatch(f"{_LOAD} is corrupt: '{where}' should hold worker_0 .. "
                             f"worker_{workers - 1}, got {sorted(entries or ())!r:.80}")
     parsed = {}
