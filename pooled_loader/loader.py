@@ -25,10 +25,12 @@ from .core.hooks import hooks_of
 from .core.seeds import rng_fingerprint
 from .core.state_checks import StateChecks
 from .engine.epoch import EpochSpec
+from .engine.failover import Failover
 from .engine.iterators import HandedOut, HostTransformIter, InProcessIter, RestOrNext
 from .engine.pool import SlotPool
 from .engine.position import EpochPosition, Resume, WorkerStream, epoch_sampler
 from .engine.sampler import ResumableRandomSampler
+from .engine.skip_budget import DEFAULT_MAX_CONSECUTIVE_SKIPS, DEFAULT_MAX_SKIP_FRACTION
 from .engine.worker_iter import WorkerIter
 from .observability.stats import LoaderStats, report_text
 from .observability.trace import DEFAULT_TRACE_BATCHES, TraceRecorder
@@ -50,6 +52,22 @@ def _maybe_folder(dataset: Any) -> bool:
     or pooled_loader ImageFolder), checked without importing either."""
     return any(c.__module__.startswith(("torchvision.datasets", "pooled_loader.vision"))
                for c in type(dataset).__mro__)
+
+
+def _check_failure_options(restarts: Any, timeout: Any, fraction: Any, consecutive: Any) -> None:
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not (isinstance(restarts, int) and not isinstance(restarts, bool) and restarts >= 0):
+        raise ValueError(f"max_worker_restarts must be a non-negative integer, got {restarts!r}")
+    if not number(timeout) or not timeout >= 0:
+        raise ValueError(f"worker_timeout must be a non-negative number of seconds (0: no "
+                         f"watchdog), got {timeout!r}")
+    if fraction is not None and (not number(fraction) or not 0 <= fraction <= 1):
+        raise ValueError(f"max_skip_fraction must be None or a number in [0, 1], got {fraction!r}")
+    if consecutive is not None and not (isinstance(consecutive, int)
+                                        and not isinstance(consecutive, bool) and consecutive >= 0):
+        raise ValueError("max_consecutive_skips must be None or a non-negative integer, got "
+                         f"{consecutive!r}")
 
 
 _STATE = StateChecks("PooledLoader.load_state_dict: the state")
@@ -102,7 +120,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
                  distributed: bool = False, snapshot_every_n_steps: int | None = 1,
                  per_sample_seed: bool = False, trace: str | None = None,
                  trace_batches: int = DEFAULT_TRACE_BATCHES,
-                 accelerate_transforms: bool = True) -> None:
+                 accelerate_transforms: bool = True, max_worker_restarts: int = 0,
+                 worker_timeout: float = 0,
+                 max_skip_fraction: float | None = DEFAULT_MAX_SKIP_FRACTION,
+                 max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS) -> None:
+        _check_failure_options(max_worker_restarts, worker_timeout, max_skip_fraction,
+                               max_consecutive_skips)
         if snapshot_every_n_steps is not None and (
                 isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps,
                                                                            int)
@@ -164,6 +187,12 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
         self._resume: Resume | None = None  # loaded, for the next iter()
         self._resume_raw: dict | None = None
         self._state_iterator: Iterator | None = None  # made by state_dict() before any iter()
+        # docs/failures.md: dead or hung workers replaced, hangs named, the skip budget
+        self._failover = Failover(max_worker_restarts)
+        self.max_worker_restarts = max_worker_restarts
+        self.worker_timeout = float(worker_timeout)
+        self.max_skip_fraction = max_skip_fraction
+        self.max_consecutive_skips = max_consecutive_skips
 
     # -- checkpoint and resume ------------------------------------------------------------------
     def _state_check(self) -> dict:
@@ -388,6 +417,8 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
     def stats(self) -> dict:
         """Pool statistics and where the time goes (docs/observability.md)."""
         figures = self._stats.snapshot(self._pool.stats() if self._pool is not None else {})
+        figures["worker_replacements"] = len(self._failover.replacements)
+        figures["replacements"] = [r.describe() for r in self._failover.replacements]
         if self._fused is not None:
             figures["transforms"] = self._fused.describe()
         # e.g. mix.Mix: figures["mix"] from the delivered states
@@ -467,7 +498,10 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             pin_memory=self.pin_memory, pin_memory_device=self.pin_memory_device,
             pinned=self._pins_pool(), len_called=self._IterableDataset_len_called,
             loader_epoch=self._epoch, pool=self._get_pool(), stats=self._stats,
-            resume=self._take_resume(), publish=self._publish_position)
+            resume=self._take_resume(), publish=self._publish_position,
+            failover=self._failover, worker_timeout=self.worker_timeout,
+            max_skip_fraction=self.max_skip_fraction,
+            max_consecutive_skips=self.max_consecutive_skips)
 
     def _worker_dataset(self) -> Any:
         """The dataset the workers read: a torchvision folder dataset whose transform runs on

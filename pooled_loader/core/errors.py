@@ -83,3 +83,9 @@ class CacheSampleError(CacheError):
         super().__init__(message)
         self.index, self.variant, self.file, self.reason = index, variant, file, reason
         self.kept = kept  # finished records kept for the resume
+
+
+class SkipBudgetExceeded(RuntimeError):
+    """``on_error="skip"`` skipped more samples than its budget allows (``max_skip_fraction`` of
+    the epoch, or ``max_consecutive_skips`` in a row): the message names the last ones. A broken
+    mount or a bad shard set fails the run instead of turning into an epoch of skips."""

@@ -29,6 +29,8 @@ import secrets
 import stat
 from typing import Optional, Union
 
+from . import working_on
+
 __all__ = ["UnsafeFileError", "open_regular", "open_regular_stat", "open_own", "create_exclusive",
            "write_all"]
 
@@ -108,6 +110,7 @@ def open_regular_stat(path: Union[str, os.PathLike], *, max_bytes: Optional[int]
     """``open_regular``, and the ``fstat`` it checked (one system call fewer for callers that
     need it)."""
     path = os.fspath(path)
+    working_on.reading(path)  # a worker stuck in this file's reads is named by it
     fd = _open(path, os.O_RDONLY, 0, what, follow)
     st = _check(fd, path, what, own=own, expect_size=expect_size, max_bytes=max_bytes)
     return _blocking(fd, 0), st  # opened read-only: no other settable flag

@@ -49,3 +49,9 @@ class EpochSpec:
     stats: Any  # the loader's `stats.LoaderStats`
     resume: Any  # the loaded `position.Resume` this epoch starts from (handed over once), or None
     publish: Callable[[Any], None]  # takes the epoch's `position.EpochPosition` (state_dict's)
+    # failures (docs/failures.md): the loader's `failover.Failover` (replacements of a run),
+    # seconds without progress before a worker is named and killed (0: never), the skip budget
+    failover: Any = None
+    worker_timeout: float = 0.0
+    max_skip_fraction: float | None = None
+    max_consecutive_skips: int | None = None

@@ -33,6 +33,7 @@ from .layout import as_type, unflatten
 from .messages import BatchLayout, Restore
 from .pool import ArenaMap, SlotRef
 from .position import EpochPosition, Resume, SamplerCursor
+from .skip_budget import EpochSkips
 from ..core.seeds import rng_fingerprint
 from ..core.stateful import follows_stateful
 from .slot_collate import Collated
@@ -271,11 +272,26 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
             resume=None if resume is None or resume.finished else resume, restore=restore)
         position.deferred = self._deferred
         position.prepare = weakref.WeakMethod(self._prepare_state)
+        self._skips = EpochSkips(spec.max_skip_fraction, self._epoch_samples(spec))
         self._epoch_position = position
         self._next_place = position.delivered_prefix  # the next task's place in the epoch
         self._peeked: tuple[int, Any] | None = None
         spec.publish(position)
         return resume
+
+    def _epoch_samples(self, spec: EpochSpec) -> int | None:
+        """The samples of a map-style epoch (for the skip budget), None when unknown."""
+        if self._iterable:
+            return None
+        try:
+            return len(self._index_sampler) * (spec.batch_size if spec.auto_collation else 1)
+        except TypeError:
+            return None
+
+    def _count_skips(self, skipped: list, samples: int) -> None:
+        """The skip budget, at each delivered batch (`skip_budget.EpochSkips`)."""
+        if skipped or self._skips.fraction is not None:
+            self._skips.add(skipped, samples)
 
     def _sample_epoch(self) -> int:
         """The epoch per-sample seeds are drawn for."""
@@ -364,7 +380,7 @@ class _IterBase(torch_dataloader._BaseDataLoaderIter):
 def worker_config(spec: EpochSpec, iterable: bool, seed: int, *,
                   worker_init_fn: Callable | None, start_method: str,
                   restores: dict[int, Restore] | None, generation: int = 0,
-                  shared_seed: int | None = None) -> WorkerConfig:
+                  shared_seed: int | None = None, watch: Any = None) -> WorkerConfig:
     """The workers' configuration for one start (the in-process maker's too: start_method
     "none"), built once."""
     elastic = spec.elastic if spec.per_sample_seed else None
@@ -376,7 +392,8 @@ def worker_config(spec: EpochSpec, iterable: bool, seed: int, *,
                         per_sample_seed=spec.per_sample_seed,
                         sample_base=None if elastic is None else elastic.seed,
                         snapshot_every=spec.snapshot_every, restores=restores,
-                        generation=generation, shared_seed=shared_seed,
+                        generation=generation, shared_seed=shared_seed, watch=watch,
+                        max_consecutive_skips=spec.max_consecutive_skips,
                         # in process, a batch already built in memory (a custom collate's, a
                         # `__getitems__` batch's stacks) needs no slot unless the pool is pinned
                         # for a device copy; the ragged helpers write into a slot themselves
@@ -456,6 +473,7 @@ class InProcessIter(_IterBase):
         self._stats.record_batch(0, self._maker.stages, result.num_samples,
                                  time.perf_counter() - built, self._maker.spans, track=0)
         batch = self._build(result) if type(result) is not Collated else self._count(result)
+        self._count_skips(self._maker.skipped, result.num_samples)
         if self._iterable:
             self._epoch_position.delivered_batch(0, self._maker.position)
         else:

@@ -23,6 +23,7 @@ from torch.utils.data._utils import worker as torch_worker
 from torch.utils.data import IterDataPipe
 from torch.utils.data.graph_settings import apply_random_seed
 
+from ..core import working_on
 from ..core.constants import PR_SET_PDEATHSIG, REPLACEMENT_REDRAWS
 from ..core.deferred import FillFailed, accepted
 from ..core.hooks import LoaderHooks, hooks_of
@@ -33,7 +34,9 @@ from .layout import Leaf, slot_views
 from .messages import (BatchLayout, Done, End, ErrorInfo, Failed, Forget, NeedSlot, Reset,
                        Restore, SetEpoch, Slot, Started, StreamPosition, Task)
 from .pool import ArenaMap, SlotRef
+from .skip_budget import SkipRun
 from .slot_collate import Collated, SlotCollate
+from .watchdog import WatchSpec, install as install_watch
 from ..observability.stages import CLOCK, perf_counter_ns
 
 MAX_REPLACEMENTS = 16
@@ -68,6 +71,8 @@ class WorkerConfig:
     # in-process, nothing pinned, no ragged helper: a custom collate's output, and a
     # `__getitems__` batch's stacked columns, handed out as they are (`BatchMaker.slotless`)
     pass_collated: bool = False
+    watch: WatchSpec | None = None  # publish progress and stacks for the watchdog (watchdog.py)
+    max_consecutive_skips: int | None = None  # on_error="skip": samples in a row (skip_budget.py)
 
 
 class SampleFailure(Exception):
@@ -107,6 +112,7 @@ class BatchMaker(SlotCollate):
         self._leaves: list[Leaf] | None = None
         self.skipped: list[tuple[Any, str]] = []
         self.known_bad: set = set()
+        self.skip_run = SkipRun(cfg.max_consecutive_skips)
         self.current_index: Any = None
         self.worker_id = 0
         self.seed_epoch = 0  # per_sample_seed: the epoch of the task being built
@@ -189,6 +195,7 @@ class BatchMaker(SlotCollate):
 
     def _load(self, index: Any, out: Any) -> Any:
         self.current_index = index
+        working_on.sample(index)
         if self.cfg.per_sample_seed:
             base = self.cfg.base_seed if self.cfg.sample_base is None else self.cfg.sample_base
             seed_globals(sample_seed(base, self.seed_epoch, index))
@@ -198,11 +205,17 @@ class BatchMaker(SlotCollate):
 
     def _fetch(self, index: Any, out: Any = None) -> Any:
         try:
-            return self._load(index, out)
+            sample = self._load(index, out)
         except Exception as exc:
             if self.cfg.on_error != "skip":
                 raise SampleFailure(index) from exc
+            try:
+                self.skip_run.failed(index, f"{type(exc).__name__}: {exc}")
+            except Exception as budget:  # SkipBudgetExceeded: the run ends here
+                raise SampleFailure(index) from budget
             return self._replace(index, exc, out)
+        self.skip_run.length = 0
+        return sample
 
     def _fetch_batch(self, indices: Any) -> list:
         """The samples of a batch: through `__getitems__` as DataLoader does, or one by one.
@@ -211,14 +224,18 @@ class BatchMaker(SlotCollate):
             if self.cfg.on_error == "skip" or self.cfg.per_sample_seed:
                 return [self._fetch(i) for i in indices]
             dataset, samples, index = self.cfg.dataset, [], None
+            board = working_on.BOARD
             try:  # _fetch's work without a call per sample (this runs per sample of a batch)
                 for index in indices:
+                    if board is not None:
+                        board.sample(index)
                     samples.append(dataset[index])
             except Exception as exc:
                 self.current_index = index
                 raise SampleFailure(index) from exc
             return samples
         self.current_index = indices
+        working_on.sample(indices)
         try:
             return self.getitems(indices)
         except Exception as exc:
@@ -257,6 +274,7 @@ class BatchMaker(SlotCollate):
         """Next samples of an iterable dataset (None at its end, honouring drop_last)."""
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         samples = []
+        working_on.item(self.items)
         if not self.cfg.per_sample_seed and CLOCK.spans is None and not self.ended:
             # the common case, one clock reading a batch (spans, seeds: per item, below)
             it, start = self.iterator, perf_counter_ns()
@@ -476,6 +494,8 @@ def worker_loop(cfg: WorkerConfig, worker_id: int, conn: Any, lifeline: Any) -> 
                 pass
     if cfg.start_method != "forkserver":
         _exit_with_parent()
+    if cfg.watch is not None:
+        install_watch(cfg.watch, worker_id)
     torch.set_num_threads(1)
     seed = seed_worker(cfg.base_seed, worker_id)
     seed_datapipe(cfg.dataset, cfg.shared_seed)

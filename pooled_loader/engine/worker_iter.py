@@ -26,7 +26,8 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data import dataloader as torch_dataloader
 
 from .epoch import EpochSpec
-from ..core.errors import PoolAllocationError, WorkerError
+from ..core.errors import PoolAllocationError, SkipBudgetExceeded, WorkerError
+from .failover import Failover, Received, Replacement, cause_of_exit, log
 from .interrupts import signals_held_for_start
 from .iterators import _IterBase, worker_config
 from ..core.hooks import hooks_of
@@ -34,11 +35,28 @@ from .messages import Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Starte
 from .pool import SlotRef
 from .processes import (describe_exit, is_alive, join, timeout_message, _check_fd_headroom,
                         _forget_arena_hook, _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
+from .watchdog import Watch
 from .worker import worker_loop
 
 __all__ = ["WorkerIter"]
 
 SETTLE_S = 60.0  # how long a dropped iterator waits for its workers' start states
+KILL_WAIT_S = 5.0  # how long a killed worker may take to be reaped
+
+
+def _shutdown_all(workers: list[_Worker], lifeline: Any, owner_pid: int,
+                  closables: list) -> None:
+    """`_shutdown`, then close what outlived the workers only for them (the lifeline's read end
+    kept for replacements, the watchdog's files)."""
+    try:
+        _shutdown(workers, lifeline, owner_pid)
+    finally:
+        if owner_pid == os.getpid():
+            for obj in closables:
+                try:
+                    obj.close()
+                except OSError:
+                    pass
 
 PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
     "Got pickle error when attempting to start a worker Process. This might be because the "
@@ -67,19 +85,30 @@ class WorkerIter(_IterBase):
         self._generation = 0  # the epochs these workers have run (`messages`)
         self._stopped = False
         self._owner_pid = os.getpid()
+        # docs/failures.md: replace dead or hung workers (failover), name hung ones (watchdog)
+        self._failover = spec.failover if spec.failover is not None else Failover(0)
+        self._worker_timeout = spec.worker_timeout
+        self._settling = False  # dropped by the training loop: no replacement any more
         self._start_workers(spec)
 
     # -- workers -----------------------------------------------------------------------------
     def _start_workers(self, spec: EpochSpec) -> None:
+        watched = self._failover.enabled or self._worker_timeout > 0
+        _check_fd_headroom(self._num_workers)
+        watch = Watch(self._num_workers) if watched else None
         cfg = worker_config(spec, self._iterable, self._seed,
                             worker_init_fn=self._worker_init_fn,
                             start_method=self._ctx.get_start_method(),
                             restores=self._epoch_position.restore, generation=self._generation,
-                            shared_seed=self._shared_seed)
-        _check_fd_headroom(self._num_workers)
+                            shared_seed=self._shared_seed,
+                            watch=None if watch is None else watch.spec)
+        self._cfg, self._watch = cfg, watch
         lifeline_r, lifeline_w = self._ctx.Pipe(duplex=False)
-        close_in_child = [lifeline_w.fileno()]  # a forked worker's copies of the others' ends
+        # a forked worker's copies of the others' ends (and of the watchdog's files: it opens
+        # its own through /proc)
+        close_in_child = [lifeline_w.fileno(), *(watch.fds if watch is not None else ())]
         workers = []
+        restores = self._epoch_position.restore or {}
         try:
             for wid in range(self._num_workers):
                 parent, child = self._ctx.Pipe(duplex=True)
@@ -87,7 +116,9 @@ class WorkerIter(_IterBase):
                 mine = dataclasses.replace(cfg, close_in_child=tuple(close_in_child))
                 proc = self._ctx.Process(target=worker_loop, args=(mine, wid, child,
                                                                    lifeline_r), daemon=True)
-                workers.append(_Worker(wid, proc, parent))  # before start: a Ctrl-C stops it
+                # before start: a Ctrl-C stops it
+                workers.append(_Worker(wid, proc, parent, busy_since=time.monotonic(),
+                                       started_with=restores.get(wid)))
                 try:
                     with signals_held_for_start(), _gc_frozen():
                         proc.start()
@@ -97,18 +128,23 @@ class WorkerIter(_IterBase):
                 child.close()
                 close_in_child.remove(parent.fileno())
         except BaseException as exc:
-            _shutdown(workers, lifeline_w, os.getpid())
+            _shutdown_all(workers, lifeline_w, os.getpid(), [lifeline_r, *([watch] if watch else [])])
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise OSError(exc.errno, _out_of_fds(self._num_workers)) from exc
             raise
-        finally:
+        closables = [watch] if watch is not None else []
+        if self._failover.enabled:  # a replacement needs the lifeline's read end
+            self._lifeline_r = lifeline_r
+            closables.append(lifeline_r)
+        else:
             lifeline_r.close()
         self._worker_states = workers
         # What torch's own tests (and tools written against DataLoader) look at: the processes.
         self._workers = [w.process for w in workers]
         self._lifeline = lifeline_w
         self._broken = self._stopped = False
-        self._finalizer = weakref.finalize(self, _shutdown, workers, lifeline_w, os.getpid())
+        self._finalizer = weakref.finalize(self, _shutdown_all, workers, lifeline_w,
+                                           os.getpid(), closables)
         self._retire_hook = _forget_arena_hook(workers)
         self._pool.on_retire_arena.append(self._retire_hook)
         self._next_task = 0
@@ -117,6 +153,7 @@ class WorkerIter(_IterBase):
 
     def _reset_epoch_state(self) -> None:
         self._tasks: dict[int, tuple[_Worker, SlotRef]] = {}
+        self._sent: dict[int, Task] = {}  # the tasks in `_tasks`, as sent (a replacement's)
         self._task_info: dict[int, tuple[int, int]] = {}  # task id -> (place in epoch, worker)
         self._ready: dict[int, Done | End | Failed] = {}  # answers not yet handed out
         self._next_yield = self._next_task  # task ids grow across epochs: never reused
@@ -129,6 +166,7 @@ class WorkerIter(_IterBase):
         for w in self._worker_states:
             w.active = not self._epoch_position.stream_ended(w.id)
             w.outstanding = 0
+            w.received = None
 
     def _stop(self) -> None:
         self._stopped = True
@@ -177,11 +215,14 @@ class WorkerIter(_IterBase):
         # Workers seeded from another base seed would not give the saved epoch's randomness, and
         # a loaded state, as in StatefulDataLoader, starts fresh workers (fresh copies of the
         # dataset, RNGs seeded anew) that restore it.
-        if (self._broken or any(not is_alive(p) for p in self._workers)
+        dead = [w for w in self._worker_states if not is_alive(w.process)]
+        if (self._broken or (dead and not self._failover.enabled)
                 or self._seed != seed_before or resume is not None):
             self._stop()
             self._start_workers(spec)
             return
+        for w in dead:  # died between epochs: replaced where its stream ended, in the old
+            self._lost(w)  # generation (its start is not the new epoch's: Reset follows)
         self._generation += 1
         self._stale.update(self._tasks)  # results of these are dropped when they arrive
         self._release_ready()
@@ -193,6 +234,7 @@ class WorkerIter(_IterBase):
         for w in self._worker_states:
             if loader_epoch is not None or payload is not None:
                 w.conn.send(SetEpoch(loader_epoch=loader_epoch, payload=payload))
+            w.started_with = None  # this epoch starts afresh on it
             w.conn.send(Reset(generation=self._generation, shared_seed=self._shared_seed))
 
     def _prepare_state(self) -> None:
@@ -219,6 +261,7 @@ class WorkerIter(_IterBase):
         if self._stopped or self._broken or self._epoch_position.finished:
             return
         deadline = time.monotonic() + (self._timeout if self._timeout > 0 else SETTLE_S)
+        self._settling = True
         try:
             while not (self._stopped or self._broken) and self._unstarted():
                 self._receive(deadline)
@@ -253,20 +296,25 @@ class WorkerIter(_IterBase):
             task_id = self._next_task
             self._next_task += 1
             self._tasks[task_id] = (worker, ref)
+            if not worker.outstanding:
+                worker.busy_since = time.monotonic()
             worker.outstanding += 1
             self._task_info[task_id] = (position, worker.id)
+            task = Task(task_id=task_id, generation=self._generation, payload=payload, ref=ref,
+                        seed_epoch=self._sample_epoch(), trace=self._stats.tracing)
+            self._sent[task_id] = task
             try:
-                worker.conn.send(Task(task_id=task_id, generation=self._generation,
-                                      payload=payload,
-                                      ref=ref, seed_epoch=self._sample_epoch(),
-                                      trace=self._stats.tracing))
+                worker.conn.send(task)
             except (BrokenPipeError, ConnectionResetError):  # it died: say how, not EPIPE
-                self._worker_died(worker)
+                self._lost(worker)
 
     def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | Started) -> None:
+        worker.busy_since = time.monotonic()  # any message is progress (watchdog)
         if type(msg) is Started:
             if msg.generation == self._generation:  # not an abandoned epoch's
-                self._epoch_position.stream_started(msg.worker_id, msg.snapshot, msg.items)
+                worker.received = Received.starting(worker.started_with, msg.snapshot, msg.items)
+                if msg.worker_id not in self._epoch_position.started_workers:  # not a replacement's
+                    self._epoch_position.stream_started(msg.worker_id, msg.snapshot, msg.items)
             return
         if type(msg) is NeedSlot:
             self._pool.release(msg.old)
@@ -275,14 +323,20 @@ class WorkerIter(_IterBase):
                 self._tasks[msg.task_id] = (worker, ref)
             elif msg.task_id in self._stale:
                 self._stale[msg.task_id] = (worker, ref)
-            worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
+            try:
+                worker.conn.send(Slot(task_id=msg.task_id, ref=ref))
+            except (BrokenPipeError, ConnectionResetError):  # it died: its sentinel says how
+                pass
             return
         if msg.generation != self._generation or msg.task_id not in self._tasks:  # abandoned
             self._stale.pop(msg.task_id, None)
             self._pool.release(msg.batch.ref if type(msg) is Done else msg.ref)
             return
         self._tasks.pop(msg.task_id)
+        self._sent.pop(msg.task_id, None)
         worker.outstanding -= 1
+        if worker.received is not None and type(msg) is not Failed:
+            worker.received.answered(msg.position, ended=type(msg) is End)
         if type(msg) is Done:
             self._stats.record_skips(msg.skipped)
             self._stats.worker_busy_s[worker.id] += msg.busy_s
@@ -299,30 +353,147 @@ class WorkerIter(_IterBase):
     def _receive(self, deadline: float | None) -> None:
         live = {w.conn: w for w in self._worker_states}
         sentinels = {w.process.sentinel: w for w in self._worker_states}
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wake = deadline
+        if self._worker_timeout > 0:  # the watchdog looks again when a worker is due
+            busy = [w.busy_since + self._worker_timeout for w in self._worker_states
+                    if w.outstanding]
+            if busy:
+                wake = min(busy) if wake is None else min(wake, min(busy))
+        timeout = None if wake is None else max(0.0, wake - time.monotonic())
         ready = wait(list(live) + list(sentinels), timeout)
-        if not ready:
+        if not ready and deadline is not None and time.monotonic() >= deadline:
             self._broken = True
             self._stop()
             raise RuntimeError(timeout_message(self._timeout))
         for obj in ready:
-            if obj in live:
-                worker = live[obj]
+            worker = live.get(obj)
+            if worker is not None and worker.conn is obj:  # not replaced meanwhile
                 try:
                     while obj.poll():
                         self._handle(worker, obj.recv())
                 except (EOFError, OSError):
-                    self._worker_died(worker)
+                    self._lost(worker)
         for obj in ready:
-            if obj in sentinels:
-                self._worker_died(sentinels[obj])
+            worker = sentinels.get(obj)
+            if worker is not None and worker.process.sentinel == obj:
+                self._lost(worker)
+        if self._worker_timeout > 0:
+            self._check_hung()
 
-    def _worker_died(self, worker: _Worker) -> None:
-        join(worker.process, 1.0)
+    # -- failures (docs/failures.md) ----------------------------------------------------------------
+    def _check_hung(self) -> None:
+        """The watchdog: a worker owing a batch that sent nothing for `worker_timeout` seconds."""
+        now = time.monotonic()
+        for w in list(self._worker_states):
+            if w.outstanding and now - w.busy_since >= self._worker_timeout:
+                self._lost(w, hung_s=now - w.busy_since)
+
+    def _drain(self, worker: _Worker) -> None:
+        """The answers a dead worker finished before it died."""
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv())
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError):
+            pass  # its end of the pipe, or a message cut in half
+
+    def _lost(self, worker: _Worker, hung_s: float | None = None) -> None:
+        """Worker `worker` died (or hung `hung_s` seconds, and is killed here): replace it
+        (`_replace`) when failover allows, else stop every worker and raise, naming what it was
+        on and, for a hang, its stack."""
+        watch, process = self._watch, worker.process
+        stack = ""
+        if hung_s is not None and is_alive(process):
+            if watch is not None:
+                stack = watch.ask_dump(worker.id, process.pid)
+            process.kill()
+            join(process, KILL_WAIT_S)
+        else:
+            join(process, 1.0)
+            if is_alive(process):  # its pipe broke but it lingers: it is replaced for good
+                process.kill()
+                join(process, KILL_WAIT_S)
+        self._drain(worker)
+        if watch is not None:
+            stack = stack or watch.new_dump(worker.id)
+        where, reading = watch.where(worker.id) if watch is not None else (None, None)
+        if hung_s is not None:
+            cause = (f"made no progress for {hung_s:.1f} s (worker_timeout="
+                     f"{self._worker_timeout}) and was killed")
+        else:
+            cause = cause_of_exit(process.exitcode)
+        owed = sorted(t for t, (w, _) in self._tasks.items() if w is worker)
+        record = Replacement(worker_id=worker.id, pid=process.pid, cause=cause, where=where,
+                             reading=reading, tasks=len(owed))
+        received = worker.received
+        unreplayable = (self._iterable and worker.active and received is not None
+                        and not received.replayable)
+        if self._failover.allows() and not self._settling and not unreplayable:
+            self._failover.record(record, stack)
+            self._replace(worker, owed)
+            return
         self._broken = True
-        message = describe_exit(worker.id, worker.process.pid, worker.process.exitcode)
         self._stop()
-        raise WorkerError(message)
+        raise WorkerError(self._lost_message(worker, record, hung_s, stack, unreplayable))
+
+    def _lost_message(self, worker: _Worker, record: Replacement, hung_s: float | None,
+                      stack: str, unreplayable: bool) -> str:
+        if hung_s is None:
+            text = describe_exit(worker.id, record.pid, worker.process.exitcode)
+        else:
+            text = (f"PooledLoader worker {worker.id} (pid {record.pid}) made no progress on its "
+                    f"batch for {hung_s:.1f} s (worker_timeout={self._worker_timeout}) and was "
+                    "killed.")
+        if record.where or record.reading:
+            text += f" It was loading {record.where or 'a batch'}"
+            text += f", reading {record.reading}." if record.reading else "."
+        if unreplayable:
+            text += (" It cannot be replaced: its IterableDataset has no state_dict(), so a new "
+                     "worker cannot resume its stream where it stood (give the dataset "
+                     "state_dict/load_state_dict, or use pooled_loader.webdataset).")
+        elif not self._failover.enabled:
+            text += (" Pass max_worker_restarts=N to replace a dead or hung worker and go on "
+                     "with the same batches.")
+        text += self._failover.history()
+        if stack:
+            log.warning("PooledLoader worker %d's stack:\n%s", worker.id, stack)
+            text += f"\nIts stack (faulthandler):\n{stack}"
+        return text
+
+    def _replace(self, worker: _Worker, owed: list[int]) -> None:
+        """Start a new process for `worker`'s id, where its stream stood, and send it again the
+        tasks it owed, into the same slots."""
+        worker.conn.close()
+        for task_id in [t for t, (w, _) in self._stale.items() if w is worker]:
+            self._pool.release(self._stale.pop(task_id)[1])  # nobody writes it any more
+        received = worker.received
+        restore = worker.started_with if received is None else received.restore()
+        others = [w.conn.fileno() for w in self._worker_states if w is not worker]
+        cfg = dataclasses.replace(
+            self._cfg, restores=None if restore is None else {worker.id: restore},
+            generation=self._generation, shared_seed=self._shared_seed,
+            close_in_child=(self._lifeline.fileno(), *(self._watch.fds if self._watch else ()),
+                            *others))
+        if self._watch is not None:
+            self._watch.clear(worker.id)
+        parent, child = self._ctx.Pipe(duplex=True)
+        cfg = dataclasses.replace(cfg, close_in_child=cfg.close_in_child + (parent.fileno(),))
+        proc = self._ctx.Process(target=worker_loop, args=(cfg, worker.id, child,
+                                                           self._lifeline_r), daemon=True)
+        # before start: a Ctrl-C now stops it with the others (the finalizer holds `worker`)
+        worker.process, worker.conn = proc, parent
+        worker.started_with, worker.received = restore, None
+        worker.outstanding, worker.busy_since = 0, time.monotonic()
+        self._workers[worker.id] = proc
+        try:
+            with signals_held_for_start(), _gc_frozen():
+                proc.start()
+        finally:
+            child.close()
+        for task_id in owed:
+            self._sent[task_id] = task = dataclasses.replace(self._sent[task_id],
+                                                             ref=self._tasks[task_id][1])
+            worker.outstanding += 1
+            worker.conn.send(task)
 
     def __next__(self) -> Any:
         try:
@@ -348,6 +519,13 @@ class WorkerIter(_IterBase):
                 if type(answer) is Failed:
                     _reraise(answer.error)
                 batch = self._build(answer.batch)
+                if answer.skipped or self._skips.fraction is not None:
+                    try:
+                        self._count_skips(answer.skipped, answer.batch.num_samples)
+                    except SkipBudgetExceeded:
+                        self._broken = True
+                        self._stop()
+                        raise
                 if self._iterable:
                     self._epoch_position.delivered_batch(worker_id, answer.position)
                 else:

@@ -20,6 +20,8 @@ import time
 import urllib.request
 from typing import Any, Callable, Optional
 
+from ..core import working_on
+
 __all__ = ["DeadlinePassed", "urlopen", "Body", "InsideClock"]
 
 
@@ -156,6 +158,7 @@ def urlopen(url: str, headers: dict[str, str], timeout: float, deadline: Optiona
     the ``set_deadline`` of its body's reads (None if the response was not read through a
     connection of this module). Raises what ``urllib`` raises (``HTTPError``, ``URLError``) and
     ``DeadlinePassed``."""
+    working_on.reading(url)  # a worker stuck on this server is named by its URL
     if not _OPENER:
         _OPENER.append(urllib.request.build_opener(_HTTPHandler, _HTTPSHandler))
     token = _STREAM_DEADLINE.set(deadline)
