@@ -105,6 +105,21 @@ class PooledLoader(DataLoader[T_co], Generic[T_co]):
             (Perfetto, chrome://tracing) at the end of every epoch and at `close()`. See also
             `trace()` and `pooled_loader.observability.trace`.
 
+        max_worker_restarts: replace a worker process that dies (any signal, the OOM killer, a
+            segfault) or hangs (see `worker_timeout`) up to this many times in the loader's life:
+            the new worker builds again the batches the old one owed, from the same indices and
+            seeds, so the batches are the uninterrupted run's (bit-identical with
+            `per_sample_seed=True`); one warning per replacement, counted in
+            `stats()["worker_replacements"]`. Past it, the loader raises naming them all.
+            Default 0: a dead worker ends the run, as in DataLoader (docs/failures.md).
+        worker_timeout: seconds a worker may work on one batch without answering; then its stack
+            and the sample and file it is on are logged and it is killed (replaced under
+            `max_worker_restarts`, else a `WorkerError` says why). 0 (default): no watchdog.
+        max_skip_fraction, max_consecutive_skips: the budget of `on_error="skip"`: past this
+            fraction of an epoch's samples (judged after 32 skips) or this many samples in a row
+            whose load failed, the loader raises `SkipBudgetExceeded` naming the last ones.
+            Defaults 0.1 and 32; None: no bound.
+
     `state_dict()`/`load_state_dict()` checkpoint the position mid-epoch (docs/resume.md).
     """
 

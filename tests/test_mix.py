@@ -15,6 +15,7 @@ import pytest
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from pooled_loader import PooledLoader
+from pooled_loader.core.errors import SkipBudgetExceeded
 from pooled_loader.resume.elastic import merge_rank_states
 from pooled_loader.mix.dataset import Mix
 from pooled_loader.mix.order import Order, rest_after, share_of
@@ -62,9 +63,9 @@ def three(**kw) -> Mix:
     return Mix(sources, dict(WEIGHTS), **{"batch_size": 8, **kw})
 
 
-def run(mix, workers=2, batches=None, state=None, batch_size=8):
+def run(mix, workers=2, batches=None, state=None, batch_size=8, **kwargs):
     """(batches as lists, the loader) of an epoch, from `state` if given."""
-    loader = PooledLoader(mix, batch_size=batch_size, num_workers=workers)
+    loader = PooledLoader(mix, batch_size=batch_size, num_workers=workers, **kwargs)
     if state is not None:
         loader.load_state_dict(state)
     out = []
@@ -405,12 +406,15 @@ def test_a_failing_source_is_counted_and_never_starves_the_others():
         return Mix({"a": Ids(0, 300), "b": Ids(1000, 120, fail=fail), "c": Ids(2000, 50)},
                    dict(WEIGHTS), batch_size=8, on_error="skip", shuffle=False)
     clean = flat(run(mix(frozenset()))[0])
-    bad = frozenset(range(0, 120, 3))
-    items, loader = run(mix(bad))
+    bad = frozenset(range(0, 120, 3))  # 40 of ~470: past the default skip budget (10%)
+    items, loader = run(mix(bad), max_skip_fraction=None)
     items = flat(items)
     # the others keep their draws (with workers, a short position moves the batch boundaries)
     assert sorted(x for x in clean if x - 1000 not in bad) == sorted(items)
-    assert [x for x in clean if x - 1000 not in bad] == flat(run(mix(bad), workers=0)[0])
+    assert [x for x in clean if x - 1000 not in bad] == flat(
+        run(mix(bad), workers=0, max_skip_fraction=None)[0])
+    with pytest.raises(SkipBudgetExceeded, match="mix source 'b'"):
+        run(mix(bad))
     figures = loader.stats()
     failed = len([x for x in clean if x >= 1000 and x < 2000 and x - 1000 in bad])
     assert figures["mix"]["sources"]["b"]["failed"] == failed == figures["skipped"]

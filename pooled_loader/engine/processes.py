@@ -41,6 +41,7 @@ class _Worker:
     busy_since: float = 0.0  # when its current task started, as far as the main process knows
     started_with: Any = None  # the `messages.Restore` it started from (None: a fresh start)
     received: Any = None  # `failover.Received`: its stream as of its last answer (from Started)
+    up: bool = False  # its process has started (sent its first Started)
 
 
 def describe_exit(worker_id: int, pid: int | None, exitcode: int | None) -> str:

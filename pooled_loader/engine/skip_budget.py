@@ -1,7 +1,8 @@
 """The error budget of ``on_error="skip"``: past it the loader raises instead of skipping on.
 
-Two bounds (docs/failures.md): `max_skip_fraction` of an epoch's samples (counted in the main
-process over every worker: `EpochSkips`), and `max_consecutive_skips` samples in a row whose own
+Two bounds (docs/failures.md): `max_skip_fraction` of an epoch's samples, judged once more than
+FLOOR loads failed (counted in the main process over every worker: `EpochSkips`), and
+`max_consecutive_skips` samples in a row whose own
 load failed (counted where the order is known, in the worker that loads them: `SkipRun`). Both
 name the last skipped samples and their errors.
 """
@@ -17,7 +18,9 @@ __all__ = ["EpochSkips", "SkipRun", "DEFAULT_MAX_SKIP_FRACTION", "DEFAULT_MAX_CO
 DEFAULT_MAX_SKIP_FRACTION = 0.1
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 32
 LAST_NAMED = 5  # skipped samples named in the error
-FLOOR = 10  # an epoch of unknown length: skips before the fraction is judged on what was seen
+# skips before the fraction is judged: a handful of bad files in a small epoch is no evidence of
+# a systematic failure (and the first skips of an epoch of unknown length are no fraction yet)
+FLOOR = 32
 
 _FIX = ("Fix the data (or the mount/URL it comes from), or raise the budget: "
         "PooledLoader(max_skip_fraction=..., max_consecutive_skips=...; None: no bound).")
@@ -47,13 +50,11 @@ class EpochSkips:
         if self.fraction is None:
             return
         if self.epoch_samples:
-            over, of = self.skipped > self.fraction * self.epoch_samples, \
-                f"{self.epoch_samples} samples of the epoch"
+            total, of = self.epoch_samples, f"{self.epoch_samples} samples of the epoch"
         else:
             total = self.seen + self.skipped
-            over, of = self.skipped >= FLOOR and self.skipped > self.fraction * total, \
-                f"{total} samples loaded so far"
-        if over:
+            of = f"{total} samples loaded so far"
+        if self.skipped > FLOOR and self.skipped > self.fraction * total:
             raise SkipBudgetExceeded(
                 f"PooledLoader: on_error='skip' skipped {self.skipped} sample loads this epoch, "
                 f"more than max_skip_fraction={self.fraction} of {of}. The last ones: "

@@ -77,7 +77,9 @@ class Watch:
         end = os.fstat(fd).st_size
         self._read_to[worker_id] = end
         data = os.pread(fd, min(end - start, MAX_DUMP_BYTES), start) if end > start else b""
-        return data.decode("utf-8", "replace").strip()
+        lines = data.decode("utf-8", "replace").strip().splitlines()
+        # faulthandler's list of loaded extension modules: one very long line, never the cause
+        return "\n".join(line for line in lines if not line.startswith("Extension modules:"))
 
     def ask_dump(self, worker_id: int, pid: int) -> str:
         """Ask a live worker for its stacks and wait (bounded) for them; "" if none came (a

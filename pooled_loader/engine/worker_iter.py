@@ -42,6 +42,9 @@ __all__ = ["WorkerIter"]
 
 SETTLE_S = 60.0  # how long a dropped iterator waits for its workers' start states
 KILL_WAIT_S = 5.0  # how long a killed worker may take to be reaped
+# A worker's start (imports under spawn/forkserver, worker_init_fn, a restored stream) is no
+# batch: the watchdog gives it at least this long before it calls the worker hung.
+START_TIMEOUT_S = 120.0
 
 
 def _shutdown_all(workers: list[_Worker], lifeline: Any, owner_pid: int,
@@ -311,6 +314,7 @@ class WorkerIter(_IterBase):
     def _handle(self, worker: _Worker, msg: Done | End | Failed | NeedSlot | Started) -> None:
         worker.busy_since = time.monotonic()  # any message is progress (watchdog)
         if type(msg) is Started:
+            worker.up = True
             if msg.generation == self._generation:  # not an abandoned epoch's
                 worker.received = Received.starting(worker.started_with, msg.snapshot, msg.items)
                 if msg.worker_id not in self._epoch_position.started_workers:  # not a replacement's
@@ -355,7 +359,7 @@ class WorkerIter(_IterBase):
         sentinels = {w.process.sentinel: w for w in self._worker_states}
         wake = deadline
         if self._worker_timeout > 0:  # the watchdog looks again when a worker is due
-            busy = [w.busy_since + self._worker_timeout for w in self._worker_states
+            busy = [w.busy_since + self._hang_limit(w) for w in self._worker_states
                     if w.outstanding]
             if busy:
                 wake = min(busy) if wake is None else min(wake, min(busy))
@@ -381,12 +385,26 @@ class WorkerIter(_IterBase):
             self._check_hung()
 
     # -- failures (docs/failures.md) ----------------------------------------------------------------
+    def _hang_limit(self, worker: _Worker) -> float:
+        return self._worker_timeout if worker.up else max(self._worker_timeout,
+                                                          START_TIMEOUT_S)
+
     def _check_hung(self) -> None:
-        """The watchdog: a worker owing a batch that sent nothing for `worker_timeout` seconds."""
-        now = time.monotonic()
+        """The watchdog: a worker owing a batch that sent nothing for `worker_timeout` seconds.
+        What is already in its pipe is read first (the time spent replacing another worker
+        passes for all of them)."""
         for w in list(self._worker_states):
-            if w.outstanding and now - w.busy_since >= self._worker_timeout:
-                self._lost(w, hung_s=now - w.busy_since)
+            if not w.outstanding:
+                continue
+            try:
+                while w.conn.poll():
+                    self._handle(w, w.conn.recv())
+            except (EOFError, OSError):
+                self._lost(w)
+                continue
+            silent = time.monotonic() - w.busy_since
+            if w.outstanding and silent >= self._hang_limit(w):
+                self._lost(w, hung_s=silent)
 
     def _drain(self, worker: _Worker) -> None:
         """The answers a dead worker finished before it died."""
@@ -482,7 +500,7 @@ class WorkerIter(_IterBase):
         # before start: a Ctrl-C now stops it with the others (the finalizer holds `worker`)
         worker.process, worker.conn = proc, parent
         worker.started_with, worker.received = restore, None
-        worker.outstanding, worker.busy_since = 0, time.monotonic()
+        worker.outstanding, worker.busy_since, worker.up = 0, time.monotonic(), False
         self._workers[worker.id] = proc
         try:
             with signals_held_for_start(), _gc_frozen():
