@@ -9,12 +9,13 @@ from typing import Any
 
 import torch.utils.data
 
-from .core.errors import PoolAllocationError, SampleError, WorkerError
+from .core.errors import PoolAllocationError, SampleError, SkipBudgetExceeded, WorkerError
 from .integrations import maybe_patch_accelerate
 
 maybe_patch_accelerate()  # so that accelerator.prepare(loader) keeps a PooledLoader
 
-__all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAllocationError", "get_worker_info"]
+__all__ = ["PooledLoader", "SlotPool", "SampleError", "WorkerError", "PoolAllocationError",
+           "SkipBudgetExceeded", "get_worker_info"]
 __version__ = "0.1.0"
 
 

@@ -5,4 +5,4 @@ from __future__ import annotations
 from .core.errors import (SampleError, ShardFormatError, ShardIndexError, WorkerError,
                           PoolAllocationError, StateMismatch, ClassMismatchError, CacheError,
                           CacheFormatError, CacheRecordError, CacheIncompleteError,
-                          CacheMismatchError, CacheSampleError)  # noqa: F401
+                          CacheMismatchError, CacheSampleError, SkipBudgetExceeded)  # noqa: F401

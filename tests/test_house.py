@@ -48,7 +48,7 @@ CSRC = os.path.join(os.path.dirname(PACKAGE), "csrc")
 # What users import (docs/layout.md#the-public-surface lists the same): path -> names.
 PUBLIC = {
     "pooled_loader": ["PooledLoader", "SlotPool", "SampleError", "WorkerError",
-                      "PoolAllocationError", "get_worker_info"],
+                      "PoolAllocationError", "SkipBudgetExceeded", "get_worker_info"],
     "pooled_loader.loader": ["PooledLoader"],
     "pooled_loader.webdataset": ["WebDataset", "count_samples", "expand_shards"],
     "pooled_loader.shards": ["WebDataset", "count_samples", "expand_shards", "write_shards",
@@ -60,7 +60,8 @@ PUBLIC = {
     "pooled_loader.stats": ["gather"],
     "pooled_loader.mix": ["Mix", "merge_mix_states"],
     "pooled_loader.cuda": ["NormalizeImages"],
-    "pooled_loader.errors": ["SampleError", "WorkerError", "StateMismatch", "CacheError"],
+    "pooled_loader.errors": ["SampleError", "WorkerError", "StateMismatch", "CacheError",
+                             "SkipBudgetExceeded"],
     "pooled_loader.distributed": ["rank_and_world", "make_distributed_sampler"],
     "pooled_loader.integrations": ["patch_accelerate"],
     "pooled_loader.tune": ["main"],

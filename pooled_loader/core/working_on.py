@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-__all__ = ["BOARD", "Board", "sample", "item", "reading", "RECORD_BYTES"]
+__all__ = ["BOARD", "Board", "sample", "item", "idle", "reading", "RECORD_BYTES"]
 
 RECORD_BYTES = 4096  # one page: the record; a worker's stack dumps follow it in the same file
 _INDEX_AT, _INDEX_TEXT_MAX = 16, 480  # kind:u32, pad, value:i64, then len:u16 and the text
@@ -37,6 +37,10 @@ class Board:
             view[_INDEX_AT + 2:_INDEX_AT + 2 + len(text)] = text
             struct.pack_into("<I4xq", view, 0, _KIND_TEXT, 0)
         struct.pack_into("<H", view, _READING_AT, 0)  # nothing read for this sample yet
+
+    def idle(self) -> None:
+        struct.pack_into("<I4xq", self.view, 0, _KIND_NONE, 0)
+        struct.pack_into("<H", self.view, _READING_AT, 0)
 
     def item(self, count: int) -> None:
         struct.pack_into("<I4xq", self.view, 0, _KIND_ITEM, count)
@@ -74,6 +78,12 @@ def sample(index: Any) -> None:
     """This worker starts loading sample `index`."""
     if BOARD is not None:
         BOARD.sample(index)
+
+
+def idle() -> None:
+    """This worker finished its batch (it is on nothing until the next one)."""
+    if BOARD is not None:
+        BOARD.idle()
 
 
 def item(count: int) -> None:

@@ -461,6 +461,7 @@ def _answer(maker: BatchMaker, worker_id: int, task: Task) -> Done | End | Faile
         return Failed(task_id=task.task_id, generation=task.generation,
                       error=error_message(worker_id, exc, maker.current_index), ref=task.ref,
                       skipped=maker.skipped)
+    working_on.idle()  # a worker killed from now on was on nothing of this batch
     if batch is None:
         return End(task_id=task.task_id, generation=task.generation, ref=task.ref,
                    position=maker.end_position())

@@ -571,7 +571,11 @@ class WorkerIter(_IterBase):
         return None
 
     def __del__(self) -> None:
-        if getattr(self, "_owner_pid", None) != os.getpid():
+        try:
+            pid = os.getpid()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: module globals are gone
+            return
+        if getattr(self, "_owner_pid", None) != pid:
             # Garbage inherited by a forked process (a torch DataLoader's worker collects it):
             # its pipes are the parent's; waiting on them there would hang and steal messages.
             return
