@@ -164,7 +164,7 @@ def test_sigkill_at_20_random_moments_of_a_mix_epoch_changes_nothing():
     assert [b.tolist() for b in killed] == [b.tolist() for b in clean]
 
 
-# -- hangs and crashes ------------------------------------------------------------------------------
+# -- hangs and crashes ----------------------------------------------------------------------------
 class Once(Dataset):
     """Sample `at` misbehaves the first time it is loaded in this run (a flag file remembers):
     "sleep" sleeps forever, "segv" reads address 0 through ctypes, "kill" SIGKILLs itself."""

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .messages import Restore, StreamPosition
@@ -46,7 +45,6 @@ class Replacement:
     where: str | None  # "sample index 17", "item 40 of its stream"
     reading: str | None  # the file or URL it was reading
     tasks: int  # batches it owed, built again by its replacement
-    at: float = field(default_factory=time.time)
 
     def describe(self) -> str:
         text = f"worker {self.worker_id} (pid {self.pid}) {self.cause}"

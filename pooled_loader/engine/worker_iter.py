@@ -46,6 +46,12 @@ KILL_WAIT_S = 5.0  # how long a killed worker may take to be reaped
 # batch: the watchdog gives it at least this long before it calls the worker hung.
 START_TIMEOUT_S = 120.0
 
+PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
+    "Got pickle error when attempting to start a worker Process. This might be because the "
+    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
+    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
+    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork').")
+
 
 def _shutdown_all(workers: list[_Worker], lifeline: Any, owner_pid: int,
                   closables: list) -> None:
@@ -60,12 +66,6 @@ def _shutdown_all(workers: list[_Worker], lifeline: Any, owner_pid: int,
                     obj.close()
                 except OSError:
                     pass
-
-PICKLE_WARNING = (  # DataLoader's words when a worker cannot be started
-    "Got pickle error when attempting to start a worker Process. This might be because the "
-    "worker Process arguments are not picklable. Python 3.14+ changed the multiprocessing start "
-    "method in non-Mac POSIX platforms to 'forkserver', which requires the worker Process "
-    "arguments to be picklable. You can also try multiprocessing.set_start_method('fork').")
 
 
 class WorkerIter(_IterBase):
@@ -131,7 +131,8 @@ class WorkerIter(_IterBase):
                 child.close()
                 close_in_child.remove(parent.fileno())
         except BaseException as exc:
-            _shutdown_all(workers, lifeline_w, os.getpid(), [lifeline_r, *([watch] if watch else [])])
+            _shutdown_all(workers, lifeline_w, os.getpid(),
+                          [lifeline_r, *([watch] if watch is not None else [])])
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise OSError(exc.errno, _out_of_fds(self._num_workers)) from exc
             raise
@@ -317,7 +318,8 @@ class WorkerIter(_IterBase):
             worker.up = True
             if msg.generation == self._generation:  # not an abandoned epoch's
                 worker.received = Received.starting(worker.started_with, msg.snapshot, msg.items)
-                if msg.worker_id not in self._epoch_position.started_workers:  # not a replacement's
+                # a replacement's start is not the epoch's (unless its predecessor sent none)
+                if msg.worker_id not in self._epoch_position.started_workers:
                     self._epoch_position.stream_started(msg.worker_id, msg.snapshot, msg.items)
             return
         if type(msg) is NeedSlot:
@@ -505,6 +507,11 @@ class WorkerIter(_IterBase):
         try:
             with signals_held_for_start(), _gc_frozen():
                 proc.start()
+        except Exception as exc:  # no process, no memory, no fd left: the run cannot go on
+            self._broken = True
+            self._stop()
+            raise WorkerError(f"PooledLoader could not start a replacement for worker "
+                              f"{worker.id}: {type(exc).__name__}: {exc}") from exc
         finally:
             child.close()
         for task_id in owed:
