@@ -351,6 +351,28 @@ def test_a_state_taken_after_a_replacement_resumes_as_one_taken_without_it(folde
 
 
 @pytest.mark.timeout(300)
+def test_a_webdataset_state_taken_after_a_replacement_resumes_exactly(tmp_path):
+    make_shards(str(tmp_path), [13, 17, 11, 19, 20])
+
+    def loader():
+        ds = WebDataset(str(tmp_path), transform=sample_id, shuffle_buffer=4, seed=2)
+        return PooledLoader(ds, batch_size=3, num_workers=2, max_worker_restarts=3,
+                            snapshot_every_n_steps=2)
+    clean = [b.tolist() for b in loader()]
+    l1 = loader()
+    it = iter(l1)
+    head = [next(it).tolist() for _ in range(5)]
+    os.kill(it._workers[0].pid, signal.SIGKILL)
+    head += [next(it).tolist() for _ in range(6)]
+    state = json.loads(json.dumps(l1.state_dict()))
+    assert l1.stats()["worker_replacements"] == 1
+    del it
+    l2 = loader()
+    l2.load_state_dict(state)
+    assert head + [b.tolist() for b in l2] == clean
+
+
+@pytest.mark.timeout(300)
 def test_persistent_workers_killed_between_and_within_epochs_keep_every_epoch(tmp_path):
     make_shards(str(tmp_path), [13, 17, 11, 19])
 
