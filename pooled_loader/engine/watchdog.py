@@ -117,5 +117,9 @@ def install(spec: WatchSpec, worker_id: int) -> None:
     record = mmap.mmap(fd, RECORD_BYTES)
     working_on.BOARD = Board(record)
     # The fd stays open for faulthandler (it writes with write(2), appending after the record).
+    # Disabled first: enabling an enabled faulthandler (pytest's, inherited through fork) only
+    # changes its file, and a fatal-signal handler another library installed after it (torch's
+    # worker handlers) would then run instead of it.
+    faulthandler.disable()
     faulthandler.enable(file=fd, all_threads=True)
     faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
