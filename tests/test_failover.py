@@ -234,6 +234,33 @@ def test_a_segfault_in_c_code_is_replaced_and_named(tmp_path, caplog):
     assert "Segmentation fault" in line  # faulthandler's crash report
 
 
+CRASH_AFTER_OTHER_HANDLERS = textwrap.dedent("""
+    import faulthandler, logging, sys
+    sys.path.insert(0, {here!r})
+    from torch.utils.data._utils import signal_handling
+    faulthandler.enable()  # as pytest does, then a library's own fatal-signal handlers on top
+    signal_handling._set_worker_signal_handlers()
+    from pooled_loader import PooledLoader
+    from test_failover import Once
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+    loader = PooledLoader(Once("segv", {flags!r}), batch_size=4, num_workers=2,
+                          max_worker_restarts=1)
+    print("batches", len(list(loader)))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_crash_stack_is_kept_when_the_parent_had_other_fatal_signal_handlers(tmp_path):
+    script = tmp_path / "target.py"
+    script.write_text(CRASH_AFTER_OTHER_HANDLERS.format(here=HERE, flags=str(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "batches 16" in done.stdout
+    assert "killed by SIGSEGV" in done.stdout and "Segmentation fault" in done.stdout
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_replacements_under_spawn_and_forkserver(tmp_path, method):
