@@ -1,6 +1,7 @@
 """Target of tests/test_interrupts.py: trains "forever" through scenarios that keep the loader in
 its risky moments (workers starting and stopping, batches dropped, the pool growing, a worker
-dying, a full pipe), and reports each KeyboardInterrupt it catches and whether workers are left.
+dying, a full pipe, workers being replaced), and reports each KeyboardInterrupt it catches and
+whether workers are left.
 
 Protocol on stdout: ``go K`` when trial K starts (SIGINT may come from then on), then
 ``interrupted K LEFT`` once the KeyboardInterrupt was caught and LEFT worker processes remain
@@ -32,6 +33,17 @@ class Suicidal(Images):
 
     def __getitem__(self, i):
         if i == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class Flaky(Images):
+    """Each load SIGKILLs its worker with probability 9/256, drawn from os.urandom (so that a
+    replacement, seeded as its predecessor, does not die at the same place): under
+    max_worker_restarts the loader is replacing workers most of the time."""
+
+    def __getitem__(self, i):
+        if os.urandom(1)[0] < 9:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(i)
 
@@ -102,7 +114,15 @@ def full_pipe():
             pass
 
 
-SCENARIOS = [short_epochs, dropped_batches, kept_batches, dying_worker, full_pipe]
+def replaced_workers():  # issue 50: Ctrl-C while a dead worker is being replaced
+    loader = PooledLoader(Flaky(10**6, (16, 16, 3)), batch_size=2, num_workers=2,
+                          max_worker_restarts=10**9)
+    for _ in loader:
+        pass
+
+
+SCENARIOS = [short_epochs, dropped_batches, kept_batches, dying_worker, full_pipe,
+             replaced_workers]
 
 
 def workers_left(within: float) -> int:
