@@ -14,10 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -87,6 +85,18 @@ def _epoch(loader, kill_at=(), seed=0):
         out.append(_snapshot(batch))
         killer.after(n)
     return out, killer.kills
+
+
+def _run_target(template: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run `template` (formatted with this folder and `tmp_path` for flag files) as a script of
+    its own; it must exit 0."""
+    script = tmp_path / "target.py"
+    script.write_text(template.format(here=HERE, flags=str(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def _kill_moments(batches: int, seed: int) -> list[int]:
@@ -251,12 +261,7 @@ CRASH_AFTER_OTHER_HANDLERS = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_the_crash_stack_is_kept_when_the_parent_had_other_fatal_signal_handlers(tmp_path):
-    script = tmp_path / "target.py"
-    script.write_text(CRASH_AFTER_OTHER_HANDLERS.format(here=HERE, flags=str(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_target(CRASH_AFTER_OTHER_HANDLERS, tmp_path)
     assert "batches 16" in done.stdout
     assert "killed by SIGSEGV" in done.stdout and "Segmentation fault" in done.stdout
 
@@ -501,12 +506,7 @@ CTRL_C_TARGET = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_a_replacement_leaves_no_process_no_fd_and_nothing_in_dev_shm(tmp_path):
-    script = tmp_path / "target.py"
-    script.write_text(CTRL_C_TARGET.format(here=HERE, flags=str(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=100, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run_target(CTRL_C_TARGET, tmp_path)
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert "no" not in lines, "the interrupt never came: no replacement happened"
     assert lines["children"] == "0" and lines["fds"] == "0" and lines["shm"] == "True", \

@@ -3,8 +3,9 @@
 Every batch is a function of its indices and seeds, and the main process knows which tasks each
 worker still owed: a new worker, started as the old one was (same id, `worker_init_fn`, seeds),
 builds those tasks again into the same slots. For an iterable dataset the new worker first
-restores the old one's stream where its last answered batch left it (`Received`), so its next
-batches are the ones the old worker would have built.
+restores the old one's stream where its last answered batch left it (`worker_iter` follows each
+worker's stream as `position.WorkerStream`, as of its answers), so its next batches are the ones
+the old worker would have built.
 
 `Failover` is the loader's count of replacements (kept across epochs: `max_worker_restarts` bounds
 a run), and the words of the log line and of the final error.
@@ -14,11 +15,10 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any
 
-from .messages import Restore, StreamPosition
+from .processes import describe_exit
 
-__all__ = ["Failover", "Received", "Replacement", "cause_of_exit"]
+__all__ = ["Failover", "Replacement", "cause_of_exit"]
 
 log = logging.getLogger("pooled_loader")
 
@@ -77,6 +77,31 @@ class Failover:
                 f"{self.max_restarts})")
         log.warning("%s%s", text, f"\n{stack}" if stack else "")
 
+    def lost_message(self, r: Replacement, exitcode: int | None, hung_s: float | None,
+                     worker_timeout: float, stack: str, unreplayable: bool) -> str:
+        """The error of a worker that is not replaced (logging its stack)."""
+        if hung_s is None:
+            text = describe_exit(r.worker_id, r.pid, exitcode)
+        else:
+            text = (f"PooledLoader worker {r.worker_id} (pid {r.pid}) made no progress on its "
+                    f"batch for {hung_s:.1f} s (worker_timeout={worker_timeout}) and was "
+                    "killed.")
+        if r.where or r.reading:
+            text += f" It was loading {r.where or 'a batch'}"
+            text += f", reading {r.reading}." if r.reading else "."
+        if unreplayable:
+            text += (" It cannot be replaced: its IterableDataset has no state_dict(), so a new "
+                     "worker cannot resume its stream where it stood (give the dataset "
+                     "state_dict/load_state_dict, or use pooled_loader.webdataset).")
+        elif not self.enabled:
+            text += (" Pass max_worker_restarts=N to replace a dead or hung worker and go on "
+                     "with the same batches.")
+        text += self.history()
+        if stack:
+            log.warning("PooledLoader worker %d's stack:\n%s", r.worker_id, stack)
+            text += f"\nIts stack (faulthandler):\n{stack}"
+        return text
+
     def history(self) -> str:
         """Every replacement of the run, for the error that ends it."""
         if not self.replacements:
@@ -84,49 +109,3 @@ class Failover:
         lines = "; ".join(r.describe() for r in self.replacements)
         return (f" PooledLoader had already replaced {len(self.replacements)} worker(s) in this "
                 f"run (max_worker_restarts={self.max_restarts}): {lines}.")
-
-
-@dataclass
-class Received:
-    """Where one worker's iterable stream stands as of its last *answered* batch (delivered or
-    waiting in the main process): what its replacement restores. `snapshot` is the latest
-    (dataset state, iterator state) and `items_at_snapshot` the items consumed when it was taken;
-    None: the dataset has no state, so its stream cannot be restored."""
-
-    items: int = 0
-    snapshot: tuple[Any, Any] | None = None
-    items_at_snapshot: int = 0
-    ended: bool = False
-
-    @classmethod
-    def starting(cls, restore: Restore | None, snapshot: tuple[Any, Any] | None,
-                 items: int) -> "Received":
-        """At a worker's Started: a mid-epoch restore is where it stands (a dataset may apply
-        a loaded state only at its first item); otherwise its state right now."""
-        if restore is not None and not restore.new_epoch and (
-                restore.dataset_state is not None or restore.iter_state is not None):
-            return cls(items=restore.items, snapshot=(restore.dataset_state, restore.iter_state),
-                       items_at_snapshot=restore.items - restore.skip)
-        return cls(items=items, snapshot=snapshot, items_at_snapshot=items)
-
-    def answered(self, position: StreamPosition | None, ended: bool = False) -> None:
-        self.ended = self.ended or ended
-        if position is None:
-            return
-        self.items = position.items
-        if position.snapshot is not None:
-            self.snapshot, self.items_at_snapshot = position.snapshot, position.items
-
-    @property
-    def replayable(self) -> bool:
-        """Whether a new worker can stand where this one stands: it has a state, or nothing of
-        its stream was consumed yet."""
-        return self.snapshot is not None or self.items == 0
-
-    def restore(self) -> Restore | None:
-        """The replacement's start: the latest state, then the items consumed since (None: a
-        fresh start)."""
-        if self.snapshot is None:
-            return None
-        return Restore(dataset_state=self.snapshot[0], iter_state=self.snapshot[1],
-                       items=self.items, skip=self.items - self.items_at_snapshot)

@@ -134,6 +134,32 @@ class WorkerStream:
     ended: bool = False
     batches: int = 0  # this worker's delivered batches, this epoch
 
+    @property
+    def has_state(self) -> bool:
+        return self.dataset_state is not None or self.iter_state is not None
+
+    def advance(self, position: Any) -> None:
+        """A batch whose Done carried `position` (a `messages.StreamPosition`)."""
+        self.items = position.items
+        if position.snapshot is not None:
+            self.dataset_state, self.iter_state = position.snapshot
+            self.items_at_snapshot = position.items
+
+    def end(self, position: Any) -> None:
+        """The stream ended; `position` holds the state after that end. The items count stays
+        that of the batches before it (drop_last may have dropped the last items read)."""
+        self.ended = True
+        if position is not None and position.snapshot is not None:
+            self.dataset_state, self.iter_state = position.snapshot
+            self.items_at_snapshot = self.items
+
+    def restore(self, new_epoch: bool = False, set_epoch: int | None = None) -> Restore:
+        """What a worker starting here loads: the latest state, then the items consumed since,
+        to skip."""
+        return Restore(dataset_state=self.dataset_state, iter_state=self.iter_state,
+                       items=self.items, skip=self.items - self.items_at_snapshot,
+                       new_epoch=new_epoch, set_epoch=set_epoch)
+
 
 @dataclass
 class EpochPosition:
@@ -291,19 +317,10 @@ class EpochPosition:
         self.last_worker = worker_id
         s = self.stream(worker_id)
         s.batches += 1
-        s.items = position.items
-        if position.snapshot is not None:
-            s.dataset_state, s.iter_state = position.snapshot
-            s.items_at_snapshot = position.items
+        s.advance(position)
 
     def _delivered_end(self, worker_id: int, position: Any) -> None:
-        s = self.stream(worker_id)
-        s.ended = True
-        if position is not None and position.snapshot is not None:
-            # the state after the dataset's end of pass; the items count stays that of the
-            # delivered batches (drop_last may have dropped the last items read)
-            s.dataset_state, s.iter_state = position.snapshot
-            s.items_at_snapshot = s.items
+        self.stream(worker_id).end(position)
 
     # -- before a state is taken ---------------------------------------------------------------
     def ready_for_state(self) -> None:
@@ -358,7 +375,4 @@ class Resume:
         """What each worker restores: its stream (or its dataset's state) as saved; with
         `new_epoch`, the states of a finished epoch, after which the next epoch starts (its
         dataset told `set_epoch` again, as a persistent worker is, when the loader has one)."""
-        return {w: Restore(dataset_state=s.dataset_state, iter_state=s.iter_state,
-                           items=s.items, skip=s.items - s.items_at_snapshot,
-                           new_epoch=new_epoch, set_epoch=set_epoch)
-                for w, s in self.streams.items()}
+        return {w: s.restore(new_epoch, set_epoch) for w, s in self.streams.items()}

@@ -39,8 +39,8 @@ class _Worker:
     active: bool = True  # False once an iterable dataset's worker is exhausted
     outstanding: int = 0  # tasks sent and not answered yet (in_order=False balances on this)
     busy_since: float = 0.0  # when its current task started, as far as the main process knows
-    started_with: Any = None  # the `messages.Restore` it started from (None: a fresh start)
-    received: Any = None  # `failover.Received`: its stream as of its last answer (from Started)
+    # `position.WorkerStream`: its stream as of its last answer (its epoch's Started first)
+    received: Any = None
     up: bool = False  # its process has started (sent its first Started)
 
 

@@ -68,8 +68,7 @@ class Watch:
 
     def clear(self, worker_id: int) -> None:
         """A new worker takes the slot: forget its predecessor's record."""
-        self._maps[worker_id][:64] = bytes(64)
-        self._maps[worker_id][512:514] = bytes(2)
+        Board(self._maps[worker_id]).idle()
 
     def new_dump(self, worker_id: int) -> str:
         """Stacks the worker wrote since the last call (a crash's, or an asked one)."""

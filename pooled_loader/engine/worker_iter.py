@@ -27,13 +27,14 @@ from torch.utils.data import dataloader as torch_dataloader
 
 from .epoch import EpochSpec
 from ..core.errors import PoolAllocationError, SkipBudgetExceeded, WorkerError
-from .failover import Failover, Received, Replacement, cause_of_exit, log
+from .failover import Failover, Replacement, cause_of_exit
 from .interrupts import signals_held_for_start
 from .iterators import _IterBase, worker_config
 from ..core.hooks import hooks_of
 from .messages import Done, End, Failed, NeedSlot, Reset, SetEpoch, Slot, Started, Task
 from .pool import SlotRef
-from .processes import (describe_exit, is_alive, join, timeout_message, _check_fd_headroom,
+from .position import WorkerStream
+from .processes import (is_alive, join, timeout_message, _check_fd_headroom,
                         _forget_arena_hook, _gc_frozen, _out_of_fds, _reraise, _shutdown, _Worker)
 from .watchdog import Watch
 from .worker import worker_loop
@@ -111,7 +112,6 @@ class WorkerIter(_IterBase):
         # its own through /proc)
         close_in_child = [lifeline_w.fileno(), *(watch.fds if watch is not None else ())]
         workers = []
-        restores = self._epoch_position.restore or {}
         try:
             for wid in range(self._num_workers):
                 parent, child = self._ctx.Pipe(duplex=True)
@@ -120,8 +120,7 @@ class WorkerIter(_IterBase):
                 proc = self._ctx.Process(target=worker_loop, args=(mine, wid, child,
                                                                    lifeline_r), daemon=True)
                 # before start: a Ctrl-C stops it
-                workers.append(_Worker(wid, proc, parent, busy_since=time.monotonic(),
-                                       started_with=restores.get(wid)))
+                workers.append(_Worker(wid, proc, parent, busy_since=time.monotonic()))
                 try:
                     with signals_held_for_start(), _gc_frozen():
                         proc.start()
@@ -238,7 +237,6 @@ class WorkerIter(_IterBase):
         for w in self._worker_states:
             if loader_epoch is not None or payload is not None:
                 w.conn.send(SetEpoch(loader_epoch=loader_epoch, payload=payload))
-            w.started_with = None  # this epoch starts afresh on it
             w.conn.send(Reset(generation=self._generation, shared_seed=self._shared_seed))
 
     def _prepare_state(self) -> None:
@@ -316,11 +314,15 @@ class WorkerIter(_IterBase):
         worker.busy_since = time.monotonic()  # any message is progress (watchdog)
         if type(msg) is Started:
             worker.up = True
-            if msg.generation == self._generation:  # not an abandoned epoch's
-                worker.received = Received.starting(worker.started_with, msg.snapshot, msg.items)
-                # a replacement's start is not the epoch's (unless its predecessor sent none)
-                if msg.worker_id not in self._epoch_position.started_workers:
-                    self._epoch_position.stream_started(msg.worker_id, msg.snapshot, msg.items)
+            # not an abandoned epoch's; and a replacement's start is not the epoch's (unless its
+            # predecessor sent none): it stands where its predecessor's answers left the stream
+            if msg.generation == self._generation \
+                    and msg.worker_id not in self._epoch_position.started_workers:
+                position = self._epoch_position
+                position.stream_started(msg.worker_id, msg.snapshot, msg.items)
+                start = position.streams.get(msg.worker_id)  # (none: a fresh stream)
+                worker.received = (dataclasses.replace(start) if start is not None
+                                   else WorkerStream(msg.worker_id))
             return
         if type(msg) is NeedSlot:
             self._pool.release(msg.old)
@@ -341,8 +343,11 @@ class WorkerIter(_IterBase):
         self._tasks.pop(msg.task_id)
         self._sent.pop(msg.task_id, None)
         worker.outstanding -= 1
-        if worker.received is not None and type(msg) is not Failed:
-            worker.received.answered(msg.position, ended=type(msg) is End)
+        if worker.received is not None:
+            if type(msg) is End:
+                worker.received.end(msg.position)
+            elif type(msg) is Done and msg.position is not None:
+                worker.received.advance(msg.position)
         if type(msg) is Done:
             self._stats.record_skips(msg.skipped)
             self._stats.worker_busy_s[worker.id] += msg.busy_s
@@ -374,10 +379,7 @@ class WorkerIter(_IterBase):
         for obj in ready:
             worker = live.get(obj)
             if worker is not None and worker.conn is obj:  # not replaced meanwhile
-                try:
-                    while obj.poll():
-                        self._handle(worker, obj.recv())
-                except (EOFError, OSError):
+                if not self._read(worker):
                     self._lost(worker)
         for obj in ready:
             worker = sentinels.get(obj)
@@ -386,7 +388,7 @@ class WorkerIter(_IterBase):
         if self._worker_timeout > 0:
             self._check_hung()
 
-    # -- failures (docs/failures.md) ----------------------------------------------------------------
+    # -- failures (docs/failures.md) --------------------------------------------------------------
     def _hang_limit(self, worker: _Worker) -> float:
         return self._worker_timeout if worker.up else max(self._worker_timeout,
                                                           START_TIMEOUT_S)
@@ -398,23 +400,28 @@ class WorkerIter(_IterBase):
         for w in list(self._worker_states):
             if not w.outstanding:
                 continue
-            try:
-                while w.conn.poll():
-                    self._handle(w, w.conn.recv())
-            except (EOFError, OSError):
+            if not self._read(w):
                 self._lost(w)
                 continue
             silent = time.monotonic() - w.busy_since
             if w.outstanding and silent >= self._hang_limit(w):
                 self._lost(w, hung_s=silent)
 
-    def _drain(self, worker: _Worker) -> None:
-        """The answers a dead worker finished before it died."""
+    def _read(self, worker: _Worker) -> bool:
+        """Handle every message waiting in `worker`'s pipe; False when the pipe ended."""
         try:
             while worker.conn.poll():
                 self._handle(worker, worker.conn.recv())
-        except (EOFError, OSError, pickle.UnpicklingError, ValueError):
-            pass  # its end of the pipe, or a message cut in half
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _drain(self, worker: _Worker) -> None:
+        """The answers a dead worker finished before it died."""
+        try:
+            self._read(worker)
+        except (pickle.UnpicklingError, ValueError):
+            pass  # a message cut in half
 
     def _lost(self, worker: _Worker, hung_s: float | None = None) -> None:
         """Worker `worker` died (or hung `hung_s` seconds, and is killed here): replace it
@@ -444,40 +451,17 @@ class WorkerIter(_IterBase):
         owed = sorted(t for t, (w, _) in self._tasks.items() if w is worker)
         record = Replacement(worker_id=worker.id, pid=process.pid, cause=cause, where=where,
                              reading=reading, tasks=len(owed))
-        received = worker.received
+        received = worker.received  # replayable: it has a state, or consumed nothing yet
         unreplayable = (self._iterable and worker.active and received is not None
-                        and not received.replayable)
+                        and not received.has_state and received.items > 0)
         if self._failover.allows() and not self._settling and not unreplayable:
             self._failover.record(record, stack)
             self._replace(worker, owed)
             return
         self._broken = True
         self._stop()
-        raise WorkerError(self._lost_message(worker, record, hung_s, stack, unreplayable))
-
-    def _lost_message(self, worker: _Worker, record: Replacement, hung_s: float | None,
-                      stack: str, unreplayable: bool) -> str:
-        if hung_s is None:
-            text = describe_exit(worker.id, record.pid, worker.process.exitcode)
-        else:
-            text = (f"PooledLoader worker {worker.id} (pid {record.pid}) made no progress on its "
-                    f"batch for {hung_s:.1f} s (worker_timeout={self._worker_timeout}) and was "
-                    "killed.")
-        if record.where or record.reading:
-            text += f" It was loading {record.where or 'a batch'}"
-            text += f", reading {record.reading}." if record.reading else "."
-        if unreplayable:
-            text += (" It cannot be replaced: its IterableDataset has no state_dict(), so a new "
-                     "worker cannot resume its stream where it stood (give the dataset "
-                     "state_dict/load_state_dict, or use pooled_loader.webdataset).")
-        elif not self._failover.enabled:
-            text += (" Pass max_worker_restarts=N to replace a dead or hung worker and go on "
-                     "with the same batches.")
-        text += self._failover.history()
-        if stack:
-            log.warning("PooledLoader worker %d's stack:\n%s", worker.id, stack)
-            text += f"\nIts stack (faulthandler):\n{stack}"
-        return text
+        raise WorkerError(self._failover.lost_message(record, process.exitcode, hung_s,
+                                                      self._worker_timeout, stack, unreplayable))
 
     def _replace(self, worker: _Worker, owed: list[int]) -> None:
         """Start a new process for `worker`'s id, where its stream stood, and send it again the
@@ -486,7 +470,10 @@ class WorkerIter(_IterBase):
         for task_id in [t for t, (w, _) in self._stale.items() if w is worker]:
             self._pool.release(self._stale.pop(task_id)[1])  # nobody writes it any more
         received = worker.received
-        restore = worker.started_with if received is None else received.restore()
+        if received is None:  # it never started: as it was to start
+            restore = self._epoch_position.resume_stream(worker.id)
+        else:  # where its answers left its stream (no state: a fresh start)
+            restore = received.restore() if received.has_state else None
         others = [w.conn.fileno() for w in self._worker_states if w is not worker]
         cfg = dataclasses.replace(
             self._cfg, restores=None if restore is None else {worker.id: restore},
@@ -501,7 +488,6 @@ class WorkerIter(_IterBase):
                                                            self._lifeline_r), daemon=True)
         # before start: a Ctrl-C now stops it with the others (the finalizer holds `worker`)
         worker.process, worker.conn = proc, parent
-        worker.started_with, worker.received = restore, None
         worker.outstanding, worker.busy_since, worker.up = 0, time.monotonic(), False
         self._workers[worker.id] = proc
         try:
@@ -544,13 +530,12 @@ class WorkerIter(_IterBase):
                 if type(answer) is Failed:
                     _reraise(answer.error)
                 batch = self._build(answer.batch)
-                if answer.skipped or self._skips.fraction is not None:
-                    try:
-                        self._count_skips(answer.skipped, answer.batch.num_samples)
-                    except SkipBudgetExceeded:
-                        self._broken = True
-                        self._stop()
-                        raise
+                try:
+                    self._count_skips(answer.skipped, answer.batch.num_samples)
+                except SkipBudgetExceeded:
+                    self._broken = True
+                    self._stop()
+                    raise
                 if self._iterable:
                     self._epoch_position.delivered_batch(worker_id, answer.position)
                 else:
