@@ -7,7 +7,8 @@ Each round builds a PooledLoader with a random configuration (1-3 workers, persi
 batch size, pool size, on_error raise/skip) over a dataset whose sample ``i`` at epoch ``e`` is an
 int64 array filled with ``i * 1000 + e`` (so the content names the sample and proves
 ``set_epoch`` reached the workers) and whose size changes with the epoch (the pool grows). It runs 1-3 epochs with one random fault each: none, a worker SIGKILLed mid-epoch
-(WorkerError expected, the next epoch must work), exceptions from the dataset (raised, or
+(WorkerError expected, the next epoch must work; with ``max_worker_restarts``, in a random
+part of the rounds, the worker is replaced and the epoch must hold every sample exactly once), exceptions from the dataset (raised, or
 skipped with ``on_error="skip"``), every batch kept until the end of the epoch, ``break``
 mid-epoch, or a mid-epoch checkpoint (``state_dict()`` through JSON) that a fresh loader resumes
 with ``load_state_dict()`` (the epoch must then hold every sample exactly once). Then the loader is closed and dropped, and the process is checked against its state
@@ -26,8 +27,10 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import warnings
 
@@ -43,10 +46,12 @@ from pooled_loader import PooledLoader, WorkerError  # noqa: E402
 class Encoded:
     """Sample ``i``: int64 ``[side]`` filled with ``i*1000 + epoch``, and ``i``; ``side`` grows
     with the epoch (the pool's slots must grow). Faults: indices in ``bad`` raise; the worker
-    that loads ``kill_at`` SIGKILLs itself."""
+    that loads ``kill_at`` SIGKILLs itself (only the first time if ``kill_once`` names a flag
+    file that does not exist yet)."""
 
     def __init__(self, n: int, bad: frozenset = frozenset(), kill_at: int = -1):
         self.n, self.bad, self.kill_at = n, bad, kill_at
+        self.kill_once: str | None = None
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -57,7 +62,14 @@ class Encoded:
 
     def __getitem__(self, i: int):
         if i == self.kill_at:
+            if self.kill_once is not None:
+                if os.path.exists(self.kill_once):
+                    return self._sample(i)
+                open(self.kill_once, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+        return self._sample(i)
+
+    def _sample(self, i: int):
         if i in self.bad:
             raise ValueError(f"sample {i} fails on purpose")
         side = 64 * (1 + self.epoch % 3)
@@ -103,6 +115,10 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
                    persistent_workers=persistent, on_error="skip" if skip else "raise",
                    pool_slots=rng.choice([None, 2, 8]), timeout=60,
                    prefetch_factor=rng.choice([1, 2, 4]))
+    failover = rng.random() < 0.4  # a killed worker is replaced (docs/failures.md)
+    if failover:
+        options.update(max_worker_restarts=3, worker_timeout=30)
+    flags = tempfile.mkdtemp(prefix="pooled_soak_")
     loader = PooledLoader(ds, **options)
     for epoch in range(rng.randint(1, 3)):
         fault = rng.choice(["none", "kill", "raise", "keep", "break", "resume"])
@@ -110,6 +126,7 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
             fault = "none"  # the dataset copy in persistent workers is fixed at their start
         ds.bad = frozenset(rng.sample(range(n), 2)) if fault == "raise" else frozenset()
         ds.kill_at = rng.randrange(n) if fault == "kill" else -1
+        ds.kill_once = os.path.join(flags, f"killed-{epoch}") if failover else None
         if persistent and fault == "raise":
             ds.bad = frozenset()  # as above
             fault = "none"
@@ -139,7 +156,7 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
                 resumed.close()
                 stop_at = None  # the epoch is complete again: check that every sample came once
         except WorkerError:
-            if fault != "kill":
+            if fault != "kill" or failover:  # a replaced worker raises nothing
                 raise
             continue
         except ValueError as e:
@@ -150,9 +167,11 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
             if b[1].tolist() != labels:
                 report["wrong"].append(f"a kept batch changed: {labels[:4]} -> "
                                        f"{b[1].tolist()[:4]}")
-        if fault == "kill":
+        if fault == "kill" and not failover:
             report["wrong"].append(f"round {rnd}: a worker SIGKILLed at sample {ds.kill_at} "
                                    "gave no WorkerError")
+        if fault == "kill" and failover:
+            report["replaced"] += os.path.exists(ds.kill_once)
         dups = len(seen) - len(set(seen))
         if dups and not (skip and ds.bad):
             report["wrong"].append(f"round {rnd} epoch {epoch}: {dups} duplicated samples")
@@ -164,13 +183,14 @@ def one_round(rng: random.Random, rnd: int, report: dict) -> None:
                                        f"never delivered (e.g. {sorted(missing)[:3]})")
         report["batches"] += len(seen)
     loader.close()
+    shutil.rmtree(flags, ignore_errors=True)
 
 
 def soak(seconds: float, seed: int, epoch_timeout: float) -> dict:
     rng = random.Random(seed)
     warnings.simplefilter("ignore")  # pool growth warnings are expected
     report: dict = {"seed": seed, "rounds": 0, "epochs": 0, "batches": 0, "faults": {},
-                    "wrong": [], "leaks": [], "rss_mb": []}
+                    "replaced": 0, "wrong": [], "leaks": [], "rss_mb": []}
     start = time.monotonic()
     baseline = None
     warmup = max(3, int(seconds / 30))
@@ -212,7 +232,7 @@ def main(argv=None) -> int:
     slope = report["rss_slope_mb_per_round"]
     print(f"soak seed {seed}: {report['rounds']} rounds, {report['epochs']} epochs, "
           f"{report['batches']} samples checked in {report['seconds']:.0f}s; faults "
-          f"{report['faults']}; 0 hangs; {len(report['wrong'])} wrong; "
+          f"{report['faults']} ({report['replaced']} killed workers replaced); 0 hangs; {len(report['wrong'])} wrong; "
           f"{len(report['leaks'])} leaks; RSS slope "
           f"{'n/a' if slope is None else f'{slope:+.3f} MB/round'} "
           f"({report['rss_mb'][0]:.0f} -> {report['rss_mb'][-1]:.0f} MB)")
