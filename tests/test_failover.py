@@ -511,3 +511,28 @@ def test_ctrl_c_during_a_replacement_leaves_no_process_no_fd_and_nothing_in_dev_
     assert "no" not in lines, "the interrupt never came: no replacement happened"
     assert lines["children"] == "0" and lines["fds"] == "0" and lines["shm"] == "True", \
         done.stdout
+
+
+# -- the watchdog's page ---------------------------------------------------------------------------
+def test_the_workers_page_bounds_what_it_holds_and_reads_back_any_name():
+    import mmap
+    from pooled_loader.core.working_on import Board
+    board = Board(mmap.mmap(-1, 4096))
+    assert board.read() == (None, None)
+    for index, shown in [(2**63 - 1, str(2**63 - 1)), (-2**63, str(-2**63)),
+                         (2**64 + 5, str(2**64 + 5)),  # past int64: kept as text, not wrapped
+                         (("shard-3", 17), "('shard-3', 17)")]:
+        board.sample(index)
+        assert board.read() == (f"sample index {shown}", None)
+    board.sample("x" * 10_000)  # a huge index: cut at the field's end
+    where, _ = board.read()
+    assert where.startswith("sample index 'xxx") and len(where) < 600
+    odd = os.fsdecode(b"/data/caf\xe9/\xff.jpg")  # not UTF-8: surrogate escapes
+    board.reading(odd)
+    assert board.read()[1] == "/data/caf?/?.jpg"
+    board.reading("/" + "d" * 20_000)
+    assert len(board.read()[1]) == 3500 and board.read()[0].startswith("sample index 'x")
+    board.item(41)
+    assert board.read()[0] == "item 41 of its stream"
+    board.idle()
+    assert board.read() == (None, None)
